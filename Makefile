@@ -1,0 +1,30 @@
+# Two commands do all set-up: `make lab` and `make test`. Both go through `make install`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install lab test bench clean
+
+install: $(STAMP)
+
+# Re-install only when the dependency files change.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+lab: install
+	$(BIN)/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1
+
+# The unit and integration tests, then nbval over every notebook, in one pytest run.
+test: install
+	$(BIN)/python -m pytest tests notebooks --nbval --nbval-cell-timeout=300 \
+		--nbval-sanitize-with ddplab/nbval_sanitize.cfg
+
+bench: install
+	$(BIN)/python benchmarks/bench_start.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,27 @@
+"""ddplab: learn and teach torch.distributed in a notebook.
+
+    lab = ddplab.start(world_size=2)     # one ipyparallel engine per rank, one process group
+    lab.run(lambda: dist.get_rank())     # [0, 1]
+
+    %%rank 0                             # a cell on rank 0 only, like one of two Python prompts
+    dist.send(torch.ones(3), dst=1)
+
+See ``ddplab.cluster`` for the lab's lifecycle and its failure modes.
+"""
+
+from .cluster import Lab, current, start
+from .errors import ConfigError, DdplabError, EngineDiedError, HangError, RankError
+from .magics import load_ipython_extension
+
+__all__ = [
+    "ConfigError",
+    "DdplabError",
+    "EngineDiedError",
+    "HangError",
+    "Lab",
+    "RankError",
+    "current",
+    "load_ipython_extension",
+    "start",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,215 @@
+"""Code that runs inside the engines, one per rank.
+
+The kernel calls these through ipyparallel's ``apply``. Each call returns plain
+data (a dict), never raises on a user error: the kernel turns a returned
+failure into ``RankError``. That keeps "your code failed on rank 1" apart from
+"the engine itself is broken".
+
+Output of a cell is recorded here, in the order it was produced on this rank
+(stdout, stderr and rich display interleaved), and replayed by the kernel
+under a ``[rank N]`` label, in rank order. That is what makes the notebook's
+stored output identical from run to run.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import faulthandler
+import linecache
+import os
+import signal
+import sys
+import traceback
+from typing import Any, Callable
+
+#: Filenames of cells compiled on a rank look like this; the hang diagnosis
+#: finds the cell's line in a stack dump by this prefix.
+CELL_FILENAME = "<rank cell {n}>"
+_state: dict[str, Any] = {"cells": 0, "store": None, "stack_file": None}
+
+
+def _shell():
+    from IPython import get_ipython
+    return get_ipython()
+
+
+def namespace() -> dict:
+    """The rank's interactive namespace: the engine's IPython user_ns."""
+    shell = _shell()
+    return shell.user_ns if shell is not None else globals().setdefault("_user_ns", {})
+
+
+def open_store(host: str, world_size: int, timeout_s: float) -> int:
+    """On rank 0: start the TCPStore that every rank meets at; return its port.
+
+    Binding port 0 lets the OS pick a free port, so two labs started at the
+    same moment can never collide on MASTER_PORT.
+    """
+    import torch.distributed as dist
+    store = dist.TCPStore(host, 0, world_size, is_master=True,
+                          timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    _state["store"] = store
+    return store.port
+
+
+def join_group(rank: int, world_size: int, env: dict[str, str], backend: str,
+               timeout_s: float, stack_file: str, threads: int,
+               kernel_path: list[str] = ()) -> dict:
+    """Set this rank's torchrun-style env, then ``init_process_group``.
+
+    ``kernel_path`` is the notebook kernel's ``sys.path``: a function the
+    kernel imported from a module can then be imported, and so run, here too.
+
+    Also registers a faulthandler on SIGUSR1, so the kernel can ask a stuck
+    rank where it is, even while it is blocked inside a C++ collective.
+    """
+    os.environ.update(env)
+    sys.path.extend(p for p in kernel_path if p not in sys.path)
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(threads)
+    stack = open(stack_file, "w")
+    faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
+    _state["stack_file"] = stack
+    if backend == "nccl":
+        # One GPU per rank; must happen before the group touches CUDA.
+        torch.cuda.set_device(int(env["LOCAL_RANK"]))
+    store = _state["store"]
+    if store is None:
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size,
+                              is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    namespace().update(rank=rank, world_size=world_size, torch=torch, dist=dist)
+    return {"rank": dist.get_rank(), "pid": os.getpid()}
+
+
+class _Recorder:
+    """Collects a cell's output as an ordered list of events.
+
+    Events are ``("stdout", text)``, ``("stderr", text)`` and
+    ``("display", data, metadata)``; adjacent text of one stream is merged.
+    """
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def text(self, stream: str, data: str) -> None:
+        if not data:
+            return
+        if self.events and self.events[-1][0] == stream:
+            self.events[-1] = (stream, self.events[-1][1] + data)
+        else:
+            self.events.append((stream, data))
+
+    def display(self, data: dict, metadata: dict | None) -> None:
+        self.events.append(("display", data, metadata or {}))
+
+
+class _Stream:
+    def __init__(self, recorder: _Recorder, name: str) -> None:
+        self.recorder, self.name = recorder, name
+
+    def write(self, data: str) -> int:
+        self.recorder.text(self.name, data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+class _capture:
+    """Context manager: route print, warnings and display() into a _Recorder."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        self.recorder = recorder
+
+    def __enter__(self) -> _Recorder:
+        self.saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Stream(self.recorder, "stdout"), _Stream(self.recorder, "stderr")
+        shell = _shell()
+        if shell is not None:
+            self.saved_publish = shell.display_pub.publish
+            recorder = self.recorder
+            shell.display_pub.publish = (
+                lambda data, metadata=None, *a, **k: recorder.display(data, metadata))
+        return self.recorder
+
+    def __exit__(self, *exc) -> None:
+        sys.stdout, sys.stderr = self.saved
+        shell = _shell()
+        if shell is not None:
+            shell.display_pub.publish = self.saved_publish
+
+
+def _format_error(exc: BaseException, keep: Callable[[str], bool]) -> str:
+    """A plain-text traceback with ddplab's own frames removed."""
+    tb = exc.__traceback__
+    frames = traceback.extract_tb(tb)
+    # Drop leading frames that are ddplab's machinery, keep the user's code.
+    while tb is not None and frames and not keep(frames[0].filename):
+        tb, frames = tb.tb_next, frames[1:]
+    return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+
+
+def _is_user_file(filename: str) -> bool:
+    return filename != __file__
+
+
+def _display_value(value: Any) -> None:
+    if value is None:
+        return
+    shell = _shell()
+    if shell is not None:
+        data, metadata = shell.display_formatter.format(value)
+        shell.display_pub.publish(data=data, metadata=metadata)
+    else:
+        print(repr(value))
+
+
+def run_cell(source: str) -> dict:
+    """Run notebook cell source in this rank's namespace, like a Python prompt.
+
+    IPython syntax (``%time``, ``!ls``) works; the last expression's value is
+    displayed. Returns ``{"ok", "events", "error"}``.
+    """
+    _state["cells"] += 1
+    filename = CELL_FILENAME.format(n=_state["cells"])
+    shell = _shell()
+    code = shell.transform_cell(source) if shell is not None else source
+    # Register the source so tracebacks and stack dumps can show cell lines.
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    recorder = _Recorder()
+    error = None
+    with _capture(recorder):
+        try:
+            tree = ast.parse(code, filename)
+            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+            ns = namespace()
+            exec(compile(tree, filename, "exec"), ns)
+            if last is not None:
+                value = eval(compile(ast.Expression(last.value), filename, "eval"), ns)
+                _display_value(value)
+        except BaseException as exc:  # KeyboardInterrupt too: it is the rank's outcome
+            error = _format_error(exc, _is_user_file)
+    return {"ok": error is None, "events": recorder.events, "error": error}
+
+
+def call(fn: Callable, args: tuple, kwargs: dict) -> dict:
+    """Call ``fn(*args, **kwargs)`` with its output recorded; see run_cell."""
+    recorder = _Recorder()
+    value, error = None, None
+    with _capture(recorder):
+        try:
+            value = fn(*args, **kwargs)
+        except BaseException as exc:
+            error = _format_error(exc, _is_user_file)
+    return {"ok": error is None, "events": recorder.events, "error": error, "value": value}
+
+
+def pid() -> int:
+    return os.getpid()

@@ -1,0 +1,56 @@
+"""The exceptions ddplab raises, so notebooks and graders can catch them by type.
+
+Every message starts with what went wrong, then what was expected, then the fix.
+"""
+
+from __future__ import annotations
+
+
+class DdplabError(Exception):
+    """Base class for every error ddplab raises on purpose."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython calls this instead of printing the kernel-side stack: ddplab's
+        # own frames say nothing to a student; the message (with each rank's
+        # traceback) says it all.
+        return [f"{type(self).__name__}: {self}"]
+
+
+class ConfigError(DdplabError, ValueError):
+    """Bad input to a ddplab call. Raised before any process starts."""
+
+
+class RankError(DdplabError):
+    """Code raised an exception on one or more ranks.
+
+    ``failures`` maps each failing torch rank to its formatted traceback, so a
+    test or a grader can look at one rank without parsing the message.
+    """
+
+    def __init__(self, message: str, failures: dict[int, str]):
+        super().__init__(message)
+        self.failures = dict(sorted(failures.items()))
+
+
+class HangError(DdplabError):
+    """Ranks did not finish within the timeout: usually a deadlock.
+
+    ``states`` maps each rank to ``"finished"``, ``"failed"`` or
+    ``"still running"``, ``where`` maps each stuck rank to a one-line location
+    (for example ``"in send (cell line 3)"``) and ``stacks`` to its Python stack.
+    """
+
+    def __init__(self, message: str, states: dict[int, str],
+                 where: dict[int, str] | None = None, stacks: dict[int, str] | None = None):
+        super().__init__(message)
+        self.states = dict(sorted(states.items()))
+        self.where = dict(where or {})
+        self.stacks = dict(stacks or {})
+
+
+class EngineDiedError(DdplabError):
+    """A rank's engine process is gone (killed, or out of memory). ``ranks`` lists them."""
+
+    def __init__(self, message: str, ranks: list[int]):
+        super().__init__(message)
+        self.ranks = sorted(ranks)

@@ -1,0 +1,76 @@
+"""Run a Python module, and exit when the process that started us dies.
+
+ddplab launches ipyparallel's controller and engines as
+``python -m ddplab.guard MODULE ARGS...``. The guard:
+
+1. watches its parent (the notebook kernel, whose pid is in
+   ``DDPLAB_PARENT_PID``): if the kernel dies, even by ``kill -9``, this
+   process exits within about a second, and the controller's guard also
+   removes the lab's directory. No orphans hold ports, memory or GPUs.
+2. optionally imports modules first (``DDPLAB_PRELOAD=torch``) so an engine
+   loads torch while the controller is still starting, not afterwards.
+3. runs MODULE in this same process (``runpy``), so the pid ipyparallel
+   records is the pid of the real engine: ddplab signals engines by pid.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import runpy
+import shutil
+import sys
+import threading
+import time
+
+POLL_SECONDS = 0.5
+
+
+def _parent_alive(parent_pid: int) -> bool:
+    # Once the parent dies we are re-parented (to init or a subreaper),
+    # so our ppid changes; that is cheaper and race-free compared to kill(pid, 0).
+    return os.getppid() == parent_pid
+
+
+def _kill_children() -> None:
+    # The controller forks its schedulers; os._exit would leave them behind.
+    import psutil
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+def watch_parent(parent_pid: int, cleanup_dir: str | None = None) -> threading.Thread:
+    """Start a daemon thread that ends this process when ``parent_pid`` is gone."""
+
+    def watch() -> None:
+        while _parent_alive(parent_pid):
+            time.sleep(POLL_SECONDS)
+        _kill_children()
+        if cleanup_dir:
+            shutil.rmtree(cleanup_dir, ignore_errors=True)
+        # os._exit: the main thread may be blocked inside a C++ collective,
+        # where no Python-level shutdown could ever run.
+        os._exit(3)
+
+    thread = threading.Thread(target=watch, name="ddplab-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        sys.exit("usage: python -m ddplab.guard MODULE [ARGS...]")
+    parent = os.environ.get("DDPLAB_PARENT_PID")
+    if parent:
+        watch_parent(int(parent), os.environ.get("DDPLAB_CLEANUP_DIR") or None)
+    for name in filter(None, os.environ.get("DDPLAB_PRELOAD", "").split(",")):
+        importlib.import_module(name)
+    module, sys.argv = argv[0], argv
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

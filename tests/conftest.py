@@ -1,0 +1,39 @@
+"""Shared fixtures: real engines, real gloo. One 2-rank lab serves most tests."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+
+import ddplab
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """A running 2-rank gloo lab, restarted if a test left it broken."""
+    with ddplab.start(world_size=2, backend="gloo", timeout=30) as lab:
+        yield lab
+
+
+@pytest.fixture
+def fresh_lab(lab):
+    """The session lab, guaranteed usable: restarted if an earlier test broke it."""
+    if not lab.running or lab._broken:
+        lab.restart()
+    ddplab.cluster._current = lab
+    return lab
+
+
+def my_process_tree() -> set[int]:
+    """Pids of every live process this test process started, directly or not."""
+    return {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)
+            if p.status() != psutil.STATUS_ZOMBIE}
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,81 @@
+"""%%ranks and %%rank in a real IPython shell, on real engines."""
+
+import pytest
+from IPython.testing.globalipapp import start_ipython
+
+import ddplab
+
+
+@pytest.fixture(scope="module")
+def shell():
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "ddplab")
+    return shell
+
+
+def run(shell, source):
+    result = shell.run_cell(source)
+    return result.error_in_exec or result.error_before_exec
+
+
+def test_ranks_cell_runs_everywhere_with_persistent_namespace(shell, fresh_lab, capsys):
+    assert run(shell, "%%ranks\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)") is None
+    assert run(shell, "%%ranks\nprint(rank, world_size, x.item())\nx.item() * 10") is None
+    assert capsys.readouterr().out == "[rank 0]\n0 2 3.0\n30.0\n[rank 1]\n1 2 3.0\n30.0\n"
+
+
+def test_rank_cell_runs_on_named_ranks_only(shell, fresh_lab, capsys):
+    assert run(shell, "%%rank 1\nprint('only', rank)") is None
+    assert capsys.readouterr().out == "[rank 1]\nonly 1\n"
+
+
+def test_random_timing_output_is_identical_every_run(shell, fresh_lab, capsys):
+    cell = "%%ranks\nimport random, time\ntime.sleep(random.random() / 10)\nprint('rank', rank, 'done')"
+    outputs = set()
+    for _ in range(5):
+        assert run(shell, cell) is None
+        outputs.add(capsys.readouterr().out)
+    assert outputs == {"[rank 0]\nrank 0 done\n[rank 1]\nrank 1 done\n"}
+
+
+def test_error_on_one_rank_fails_the_cell(shell, fresh_lab, capsys):
+    error = run(shell, "%%ranks\nprint('before')\nif rank == 1:\n    raise KeyError('oops')")
+    assert isinstance(error, ddplab.RankError)
+    assert set(error.failures) == {1}
+    assert "line 3" in error.failures[1] and "KeyError: 'oops'" in error.failures[1]
+    out = capsys.readouterr().out
+    assert out.startswith("[rank 0]\nbefore\n[rank 1]\nbefore\n")
+    # IPython shows ddplab's message, not ddplab's own kernel-side frames.
+    assert "RankError: ddplab: the code raised on rank 1." in out and "cluster.py" not in out
+
+
+def test_rank_out_of_range_is_a_clear_error(shell, fresh_lab):
+    error = run(shell, "%%rank 5\nprint(1)")
+    assert isinstance(error, ddplab.ConfigError)
+    assert "has ranks 0..1 (world_size=2)" in str(error) and "world_size=6" in str(error)
+
+
+def test_two_prompts_send_waits_for_recv(shell, fresh_lab, capsys):
+    # Prompt 1: rank 0 sends; gloo's send waits until rank 1 posts its recv.
+    assert run(shell, "%%rank 0\ndist.send(torch.arange(3.0), dst=1)\nprint('sent')") is None
+    first = capsys.readouterr().out
+    assert first.startswith("ddplab: rank 0 is still running this cell")
+    assert "sent" not in first
+    # Prompt 2: rank 1 receives; now both finish, shown in the order they were run.
+    assert run(shell, "%%rank 1\nt = torch.zeros(3)\ndist.recv(t, src=0)\nprint('got', t)") is None
+    assert capsys.readouterr().out == (
+        "[rank 0] (the earlier cell that was still running)\nsent\n"
+        "[rank 1]\ngot tensor([0., 1., 2.])\n")
+
+
+def test_lab_wait_shows_late_output(shell, fresh_lab, capsys):
+    assert run(shell, "%%rank 1 --grace 0.2\nimport time\ntime.sleep(1)\nprint('slow')") is None
+    assert "rank 1 is still running" in capsys.readouterr().out
+    fresh_lab.wait()
+    assert capsys.readouterr().out == "[rank 1] (the earlier cell that was still running)\nslow\n"
+
+
+def test_bad_magic_options_name_the_fix(shell, fresh_lab):
+    assert "needs a number of seconds" in str(run(shell, "%%ranks --timeout soon\n1"))
+    assert "takes no rank numbers" in str(run(shell, "%%ranks 0\n1"))
+    assert "needs the ranks" in str(run(shell, "%%rank\n1"))

@@ -1,0 +1,28 @@
+"""Bad input to ddplab.start fails in under a second, clearly, and starts no process."""
+
+import time
+
+import pytest
+
+import ddplab
+from conftest import my_process_tree
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(world_size=0), "world_size must be at least 1"),
+    (dict(world_size=-1), "world_size must be at least 1"),
+    (dict(world_size=2.5), "whole number"),
+    (dict(world_size="four"), "whole number"),
+    (dict(world_size=100_000), "too many ranks"),
+    (dict(world_size=2, backend="nccl"), "backend='nccl' needs one GPU per rank"),
+    (dict(world_size=2, backend="mpich"), "backend='mpich' is not one ddplab knows"),
+    (dict(world_size=2, timeout=-5), "timeout must be a positive number"),
+])
+def test_bad_input_fails_fast_and_starts_nothing(kwargs, words):
+    before = my_process_tree()
+    begin = time.perf_counter()
+    with pytest.raises(ddplab.ConfigError, match=words) as info:
+        ddplab.start(**kwargs)
+    assert time.perf_counter() - begin < 1.0
+    assert "Use" in str(info.value)          # every message names the fix
+    assert my_process_tree() <= before
