@@ -139,7 +139,10 @@ class Lab:
         config.LocalEngineSetLauncher.environment = engine_env
         self._cluster = cluster
         try:
-            self._client = cluster.start_and_connect_sync(n=n)
+            cluster.start_cluster_sync(n=n)
+            self._client = cluster.connect_client_sync()
+            # interactive=False: ipyparallel's own progress bar is noise in a lesson.
+            self._client.wait_for_engines(n, timeout=cluster.engine_timeout, interactive=False)
             self._engine_ids = sorted(self._client.ids)[:n]
             self._join_group()
         except BaseException:

@@ -1,0 +1,29 @@
+"""Keep committed notebooks clean: outputs stay (nbval compares them), noise goes.
+
+Removes per-cell execution timestamps and volatile metadata, and gives every
+cell a stable id, so re-running a notebook changes git only where output did.
+
+    python tools/clean_notebook.py notebooks/*.ipynb
+"""
+
+import sys
+
+import nbformat
+
+KEEP_CELL_METADATA = {"tags", "editable", "deletable"}
+
+
+def clean(path: str) -> None:
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata = {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                  "name": "python3"},
+                   "language_info": {"name": "python"}}
+    for index, cell in enumerate(nb.cells):
+        cell.id = f"cell-{index:02d}"
+        cell.metadata = {k: v for k, v in cell.metadata.items() if k in KEEP_CELL_METADATA}
+    nbformat.write(nb, path)
+
+
+if __name__ == "__main__":
+    for path in sys.argv[1:]:
+        clean(path)
