@@ -57,6 +57,9 @@ _GUARD = [sys.executable, "-m", "ddplab.guard"]
 # The hub pings engines on this period and registers an engine only after a
 # ping; ipyparallel's 3 s default made start-up twice as slow.
 _HEARTBEAT_MS = 300
+# After one rank fails, how long the others get to finish before we conclude
+# they are waiting for it (in a collective, or a recv) and report the failure.
+FAILURE_SETTLE = 1.0
 _current: "Lab | None" = None
 
 
@@ -133,7 +136,10 @@ class Lab:
             "--IPEngine.enable_nanny=False", "--IPEngine.wait_for_url_file=120"]
         config.LocalEngineSetLauncher.delay = 0
         engine_env = dict(parent, DDPLAB_PRELOAD="torch",
-                          OMP_NUM_THREADS=str(omp_threads(n)))
+                          OMP_NUM_THREADS=str(omp_threads(n)),
+                          # gloo and nccl otherwise pick the interface the hostname
+                          # resolves to, which can face the network: stay on loopback.
+                          GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
         if self.spec.debug:
             engine_env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         config.LocalEngineSetLauncher.environment = engine_env
@@ -160,10 +166,14 @@ class Lab:
         tasks = []
         for rank, view in enumerate(views):
             env = worker_env(rank, n, HOST, port)
-            tasks.append(_Task(rank, view.apply_async(
-                engine.join_group, rank, n, env, self.backend, self.spec.pg_timeout,
-                self._stack_file(rank), omp_threads(n), [p for p in sys.path if p])))
-        self._wait(tasks, timeout, what="init_process_group")
+            args = (rank, n, env, self.backend, self.spec.pg_timeout, self._stack_file(rank),
+                    omp_threads(n), [p for p in sys.path if p])
+            tasks.append(_Task(rank, view.apply_async(engine.call, engine.join_group, args, {})))
+        if self._wait(tasks, timeout) != "done":
+            failures = self._replay(tasks)
+            if failures:
+                raise _rank_error(failures)
+            raise self._hang_error(tasks, timeout, "init_process_group")
 
     def _stack_file(self, rank: int) -> str:
         return os.path.join(self._dir, f"stack-rank{rank}.txt")
@@ -298,16 +308,17 @@ class Lab:
     def _finish(self, tasks: list[_Task], timeout: float, grace: float | None) -> None:
         """Wait for ``tasks`` and earlier pending tasks, show output, raise on failure."""
         pending, self._pending = self._pending, []
-        budget = timeout if grace is None else grace
-        self._wait(pending + tasks, budget, what="cell", raise_on_timeout=grace is None)
-        failures: dict[int, str] = {}
-        for task in pending + tasks:
-            if task.outcome is None:
-                continue
-            display.replay(task.rank, task.outcome["events"], task.note)
-            if not task.outcome["ok"]:
-                failures[task.rank] = task.outcome["error"]
-        still = [t for t in pending + tasks if t.outcome is None]
+        everything = pending + tasks
+        state = self._wait(everything, timeout if grace is None else grace)
+        if state == "timeout" and grace is None:
+            self._replay(everything)
+            raise self._hang_error(everything, timeout, "cell")
+        failures = self._replay(everything)
+        still = [t for t in everything if t.outcome is None]
+        if failures and still:
+            # A rank failed while others wait for it in a collective: they
+            # would wait until the group's timeout, so report it now.
+            raise self._stuck_after_failure(failures, still)
         for task in still:
             task.note = "(the earlier cell that was still running)"
         self._pending = still
@@ -321,26 +332,44 @@ class Lab:
         if failures:
             raise _rank_error(failures)
 
-    def _wait(self, tasks: list[_Task], timeout: float, what: str,
-              raise_on_timeout: bool = True) -> None:
-        """Wait until every task is done, an engine dies, or ``timeout`` passes."""
+    @staticmethod
+    def _replay(tasks: list[_Task]) -> dict[int, str]:
+        """Show finished tasks' output in rank order; return their failures by rank."""
+        failures: dict[int, str] = {}
+        for task in sorted((t for t in tasks if t.outcome is not None), key=lambda t: t.rank):
+            display.replay(task.rank, task.outcome["events"], task.note)
+            if not task.outcome["ok"]:
+                failures[task.rank] = task.outcome["error"]
+        return failures
+
+    def _wait(self, tasks: list[_Task], timeout: float) -> str:
+        """Wait for ``tasks``; return ``"done"``, ``"failed"`` or ``"timeout"``.
+
+        ``"failed"``: a rank failed and the others have not finished for
+        ``FAILURE_SETTLE`` seconds, so they are most likely waiting for it.
+        """
         deadline = time.monotonic() + timeout
+        failed_at = None
         try:
-            for task in tasks:
-                while not task.result.ready():
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    task.result.wait(min(0.2, left))
-                    if not task.result.ready():
-                        self._check_alive()
-                if task.result.ready():
-                    task.outcome = task.result.get()
+            while True:
+                for task in tasks:
+                    if task.outcome is None and task.result.ready():
+                        task.outcome = task.result.get()
+                undone = [t for t in tasks if t.outcome is None]
+                if not undone:
+                    return "done"
+                now = time.monotonic()
+                if failed_at is None and any(not t.outcome["ok"] for t in tasks if t.outcome):
+                    failed_at = now
+                if failed_at is not None and now - failed_at >= FAILURE_SETTLE:
+                    return "failed"
+                if now >= deadline:
+                    return "timeout"
+                undone[0].result.wait(min(0.2, deadline - now))
+                self._check_alive()
         except KeyboardInterrupt:
             self._interrupt(tasks)
             raise
-        if raise_on_timeout and any(t.outcome is None for t in tasks):
-            raise self._hang_error(tasks, timeout, what)
 
     def _interrupt(self, tasks: list[_Task]) -> None:
         """Kernel > Interrupt: pass SIGINT on to the ranks still running."""
@@ -360,19 +389,32 @@ class Lab:
         else:
             display.say("ddplab: interrupted; the ranks stopped and the lab is usable.")
 
-    def _hang_error(self, tasks: list[_Task], timeout: float, what: str) -> HangError:
-        states, where, stacks = {}, {}, {}
-        deadline = time.monotonic() + 4
+    def _stuck_after_failure(self, failures: dict[int, str], still: list[_Task]) -> RankError:
+        where = self._locate(still, time.monotonic() + 4)[0]
+        self._broken = "ranks are stuck waiting for a rank that failed."
+        error = _rank_error(failures)
+        lines = [str(error), "Meanwhile:"]
+        lines += [f"  rank {rank}: still {where[rank]}, waiting for the failed rank"
+                  for rank in sorted(where)]
+        lines.append("Those ranks cannot be freed from inside. Recover with: lab.restart()")
+        return RankError("\n".join(lines), failures)
+
+    def _locate(self, tasks: list[_Task], deadline: float) -> tuple[dict, dict]:
+        """For each running task's rank: a one-line location and a short stack."""
+        where, stacks = {}, {}
         for task in sorted(tasks, key=lambda t: t.rank):
-            if task.outcome is not None:
-                states[task.rank] = "finished" if task.outcome["ok"] else "failed"
-                continue
-            states[task.rank] = "still running"
             dump = diagnose.dump_stack(self._pids[task.rank], self._stack_file(task.rank),
                                        deadline)
             frames = diagnose.main_thread_stack(dump)
             where[task.rank] = diagnose.where(frames)
             stacks[task.rank] = diagnose.format_stack(frames)
+        return where, stacks
+
+    def _hang_error(self, tasks: list[_Task], timeout: float, what: str) -> HangError:
+        states = {t.rank: ("still running" if t.outcome is None else
+                           "finished" if t.outcome["ok"] else "failed") for t in tasks}
+        where, stacks = self._locate([t for t in tasks if t.outcome is None],
+                                     time.monotonic() + 4)
         lines = [f"ddplab: the {what} did not finish within timeout={timeout:g} s; "
                  f"ranks are probably waiting for each other (a deadlock)."]
         for rank, state in states.items():

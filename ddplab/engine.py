@@ -18,6 +18,7 @@ import datetime
 import faulthandler
 import linecache
 import os
+import re
 import signal
 import sys
 import traceback
@@ -46,10 +47,18 @@ def open_store(host: str, world_size: int, timeout_s: float) -> int:
     Binding port 0 lets the OS pick a free port, so two labs started at the
     same moment can never collide on MASTER_PORT.
     """
+    import socket
+
     import torch.distributed as dist
-    store = dist.TCPStore(host, 0, world_size, is_master=True,
-                          timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
-    _state["store"] = store
+    # TCPStore binds every interface whatever host it is given; a socket we
+    # bind ourselves keeps the store on ``host`` (loopback for a local lab).
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((host, 0))
+    listener.listen(128)
+    store = dist.TCPStore(host, listener.getsockname()[1], world_size, is_master=True,
+                          timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+                          master_listen_fd=listener.fileno())
+    _state["store"], _state["listener"] = store, listener
     return store.port
 
 
@@ -153,7 +162,10 @@ def _format_error(exc: BaseException, keep: Callable[[str], bool]) -> str:
     # Drop leading frames that are ddplab's machinery, keep the user's code.
     while tb is not None and frames and not keep(frames[0].filename):
         tb, frames = tb.tb_next, frames[1:]
-    return "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+    text = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+    # Library paths differ per machine; relative to site-packages they do not,
+    # so a stored traceback compares equal everywhere.
+    return re.sub(r'File "[^"]*?site-packages/', 'File "', text)
 
 
 def _is_user_file(filename: str) -> bool:

@@ -1,0 +1,240 @@
+"""Fault injection on real engines and real gloo: hangs, failures, deaths, orphans.
+
+Each test asserts on the message a student would read, on generous timings,
+and on leftover processes.
+"""
+
+import _thread
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+import ddplab
+from conftest import alive
+
+
+def _when_file_exists(path, action, limit=30.0):
+    """Run ``action`` in a thread as soon as ``path`` exists (a rank creates it)."""
+    def watch():
+        deadline = time.monotonic() + limit
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        action()
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _hang(lab, source, timeout=3):
+    begin = time.monotonic()
+    with pytest.raises(ddplab.HangError) as info:
+        lab.run_cell(source, timeout=timeout)
+    return info.value, time.monotonic() - begin
+
+
+# 1. Hang diagnosis ------------------------------------------------------------
+
+def test_collective_called_by_one_rank_only(fresh_lab):
+    error, took = _hang(fresh_lab, "x = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(x)")
+    assert took < 3 + 5
+    assert error.states == {0: "still running", 1: "finished"}
+    assert "rank 0: still in all_reduce (cell line 3)" in str(error)
+    assert "rank 1: finished" in str(error)
+    assert 'File "<rank cell' in error.stacks[0]
+    assert str(error).endswith("Recover with: lab.restart()")
+    begin = time.monotonic()
+    fresh_lab.restart()
+    assert time.monotonic() - begin < 15
+    assert fresh_lab.run(lambda: __import__("torch.distributed").distributed.get_rank()) == [0, 1]
+
+
+def test_send_without_recv(fresh_lab):
+    error, took = _hang(fresh_lab, "if rank == 0:\n    dist.send(torch.ones(4), dst=1)")
+    assert took < 3 + 5
+    assert "rank 0: still in send (cell line 2)" in str(error)
+    with pytest.raises(ddplab.DdplabError, match=r"Recover with: lab.restart\(\)"):
+        fresh_lab.run(print)                      # the stuck lab says so, it does not hang
+
+
+def test_both_ranks_send_first(fresh_lab):
+    error, took = _hang(fresh_lab, "out = torch.ones(2)\ndist.send(out, dst=1 - rank)\n"
+                                   "dist.recv(out, src=1 - rank)")
+    assert took < 3 + 5
+    assert error.where == {0: "in send (cell line 2)", 1: "in send (cell line 2)"}
+
+
+def test_process_group_timeout_is_finite():
+    with ddplab.start(world_size=2, backend="gloo", timeout=30, pg_timeout=2) as lab:
+        begin = time.monotonic()
+        with pytest.raises(ddplab.RankError) as info:
+            lab.run_cell("if rank == 0:\n    dist.recv(torch.ones(1), src=1)")
+        assert time.monotonic() - begin < 15
+        assert list(info.value.failures) == [0]
+        assert "recv" in info.value.failures[0]
+
+
+# 2. Interrupt ----------------------------------------------------------------
+
+def test_interrupt_stops_python_work_and_lab_stays_usable(fresh_lab, tmp_path, capsys):
+    marker = tmp_path / "started"
+    _when_file_exists(marker, _thread.interrupt_main)
+    with pytest.raises(KeyboardInterrupt):
+        fresh_lab.run_cell(f"open({str(marker)!r}, 'w').close()\nimport time\ntime.sleep(60)")
+    assert "the ranks stopped and the lab is usable" in capsys.readouterr().out
+    assert fresh_lab.run(lambda: 1) == [1, 1]
+
+
+def test_interrupt_of_rank_blocked_in_cpp_says_restart(fresh_lab, tmp_path, capsys):
+    marker = tmp_path / "started"
+    _when_file_exists(marker, _thread.interrupt_main)
+    with pytest.raises(KeyboardInterrupt):
+        fresh_lab.run_cell(f"open({str(marker)!r}, 'w').close()\n"
+                           f"if rank == 0:\n    dist.recv(torch.ones(1), src=1)", ranks=[0])
+    assert "rank 0 did not stop on interrupt" in capsys.readouterr().out
+    with pytest.raises(ddplab.DdplabError, match=r"lab.restart\(\)"):
+        fresh_lab.run(print)
+
+
+# 3. Rank failure -------------------------------------------------------------
+
+def test_exception_while_others_wait_in_collective_is_reported_early(fresh_lab):
+    begin = time.monotonic()
+    with pytest.raises(ddplab.RankError) as info:
+        fresh_lab.run_cell("if rank == 1:\n    raise RuntimeError('boom on one')\n"
+                           "dist.all_reduce(torch.ones(1))")
+    assert time.monotonic() - begin < 10           # the lab timeout is 30 s
+    assert list(info.value.failures) == [1]
+    message = str(info.value)
+    assert "RuntimeError: boom on one" in message
+    assert "rank 0: still in all_reduce (cell line 3), waiting for the failed rank" in message
+    assert message.endswith("Recover with: lab.restart()")
+
+
+# 4. Engine death -------------------------------------------------------------
+
+def test_killed_engine_is_named_on_next_call_and_restart_recovers(fresh_lab):
+    os.kill(fresh_lab.pids[1], signal.SIGKILL)
+    psutil.Process(fresh_lab.pids[1]).wait(5) if alive(fresh_lab.pids[1]) else None
+    begin = time.monotonic()
+    with pytest.raises(ddplab.EngineDiedError, match=r"rank 1 died.*lab.restart\(\)") as info:
+        fresh_lab.run(print)
+    assert time.monotonic() - begin < 2
+    assert info.value.ranks == [1]
+    fresh_lab.restart()
+    assert fresh_lab.run(lambda: 2) == [2, 2]
+
+
+def test_engine_killed_during_a_call_is_detected_at_once(fresh_lab, tmp_path):
+    marker = tmp_path / "started"
+    victim = fresh_lab.pids[0]
+    _when_file_exists(marker, lambda: os.kill(victim, signal.SIGKILL))
+    begin = time.monotonic()
+    with pytest.raises(ddplab.EngineDiedError, match="rank 0 died"):
+        fresh_lab.run_cell(f"open({str(marker)!r}, 'w').close()\nimport time\ntime.sleep(60)")
+    assert time.monotonic() - begin < 5
+
+
+# 5. No orphans ---------------------------------------------------------------
+
+KERNEL_STAND_IN = """
+import json, os, sys, psutil, ddplab
+lab = ddplab.start(world_size=2, backend="gloo")
+tree = [p.pid for p in psutil.Process().children(recursive=True)]
+print("STARTED", json.dumps({"pids": tree, "dir": lab._dir}), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_kernel_killed_with_sigkill_leaves_no_process_or_file():
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL_STAND_IN], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while not line.startswith("STARTED"):
+            line = kernel.stdout.readline()
+            assert line, "the stand-in kernel exited before starting its lab"
+        started = json.loads(line.split(" ", 1)[1])
+    finally:
+        kernel.kill()
+        kernel.wait()
+    assert len(started["pids"]) >= 3                  # controller (+ schedulers) and 2 engines
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (any(map(alive, started["pids"]))
+                                           or os.path.exists(started["dir"])):
+        time.sleep(0.1)
+    assert [pid for pid in started["pids"] if alive(pid)] == []
+    assert not os.path.exists(started["dir"])
+
+
+# 6. Two labs at once ---------------------------------------------------------
+
+TWO_LABS = """
+import sys, time, ddplab
+def total():
+    import torch, torch.distributed as dist
+    t = torch.tensor([dist.get_rank() + 1.0]); dist.all_reduce(t); return t.item()
+start_at = float(sys.argv[1])
+for attempt in range(int(sys.argv[2])):
+    time.sleep(max(0.0, start_at + attempt * 8 - time.time()))   # both start at one moment
+    with ddplab.start(world_size=2, backend="gloo") as lab:
+        assert lab.run(total) == [3.0, 3.0]
+print("ok")
+"""
+
+
+def test_two_labs_started_at_the_same_moment_never_clash():
+    tries = 10
+    start_at = time.time() + 3
+    procs = [subprocess.Popen([sys.executable, "-c", TWO_LABS, str(start_at), str(tries)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=tries * 8 + 60)
+        assert proc.returncode == 0 and out.strip().endswith("ok"), err[-2000:]
+
+
+# 7. Security -----------------------------------------------------------------
+
+def test_everything_listens_on_loopback_only(fresh_lab):
+    fresh_lab.run(lambda: __import__("torch.distributed").distributed.barrier())
+    tree = {p.pid for p in psutil.Process().children(recursive=True)}
+    listening = [c for c in psutil.net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN and c.pid in tree]
+    assert listening, "expected the controller and rank 0's store to listen"
+    assert {c.laddr.ip for c in listening} == {"127.0.0.1"}
+
+
+def test_connection_files_are_owner_only_and_messages_signed(fresh_lab):
+    security = os.path.join(fresh_lab._dir, "security")
+    # The connection files hold the signing key; the lab's directory, which
+    # holds everything else too, is closed to other users as a whole.
+    files = [os.path.join(security, name) for name in os.listdir(security)
+             if name.startswith("ipcontroller-")]
+    assert len(files) == 2                           # the engine's and the client's
+    assert os.stat(fresh_lab._dir).st_mode & 0o077 == 0
+    for path in files:
+        assert os.stat(path).st_mode & 0o077 == 0, path
+        with open(path) as f:
+            info = json.load(f)
+        assert info["key"] and info["signature_scheme"].startswith("hmac-")
+    assert fresh_lab._client.session.key
+
+
+# 8. Debug help ---------------------------------------------------------------
+
+def test_debug_explains_a_mismatched_collective_per_rank():
+    with ddplab.start(world_size=2, backend="gloo", debug=True) as lab:
+        assert lab.run(lambda: os.environ["TORCH_DISTRIBUTED_DEBUG"]) == ["DETAIL", "DETAIL"]
+        with pytest.raises(ddplab.RankError) as info:
+            lab.run_cell("dist.all_reduce(torch.ones(rank + 1))")
+    assert sorted(info.value.failures) == [0, 1]
+    for rank, trace in info.value.failures.items():
+        assert "Detected mismatch between collectives" in trace
+        assert "Tensor shapes" in trace
