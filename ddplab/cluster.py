@@ -150,6 +150,10 @@ class Lab:
             # interactive=False: ipyparallel's own progress bar is noise in a lesson.
             self._client.wait_for_engines(n, timeout=cluster.engine_timeout, interactive=False)
             self._engine_ids = sorted(self._client.ids)[:n]
+            # cloudpickle sends a notebook function with the globals it uses
+            # (``dist``, ``torch``, a helper), as a student expects; plain
+            # pickling would fail on the ranks with a NameError.
+            self._client[self._engine_ids].use_cloudpickle()
             self._join_group()
         except BaseException:
             self._teardown()

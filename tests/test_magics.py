@@ -10,6 +10,7 @@ import ddplab
 def shell():
     shell = start_ipython()
     shell.run_line_magic("load_ext", "ddplab")
+    shell.run_cell("import ddplab")
     return shell
 
 
@@ -79,3 +80,10 @@ def test_bad_magic_options_name_the_fix(shell, fresh_lab):
     assert "needs a number of seconds" in str(run(shell, "%%ranks --timeout soon\n1"))
     assert "takes no rank numbers" in str(run(shell, "%%ranks 0\n1"))
     assert "needs the ranks" in str(run(shell, "%%rank\n1"))
+
+
+def test_notebook_function_may_use_kernel_globals(shell, fresh_lab):
+    # A student imports dist in the kernel and uses it in a lambda: it must work on the ranks.
+    assert run(shell, "import torch.distributed as dist\nscale = 3\n"
+                      "got = ddplab.current().run(lambda: dist.get_rank() * scale)") is None
+    assert shell.user_ns["got"] == [0, 3]
