@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
+# Jupyter refuses to run as root unless told to; containers often run as root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: install
-	$(BIN)/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1
+	$(BIN)/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 $(ROOT_FLAG)
 
 # The unit and integration tests, then nbval over every notebook, in one pytest run.
 test: install
