@@ -37,6 +37,7 @@ Failure modes, and what you see
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -144,6 +145,9 @@ class Lab:
             engine_env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         config.LocalEngineSetLauncher.environment = engine_env
         self._cluster = cluster
+        # A script that ends without lab.stop() must not leave files behind;
+        # _teardown does nothing the second time.
+        atexit.register(self._teardown)
         try:
             cluster.start_cluster_sync(n=n)
             self._client = cluster.connect_client_sync()

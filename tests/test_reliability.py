@@ -238,3 +238,15 @@ def test_debug_explains_a_mismatched_collective_per_rank():
     for rank, trace in info.value.failures.items():
         assert "Detected mismatch between collectives" in trace
         assert "Tensor shapes" in trace
+
+
+def test_script_that_never_calls_stop_leaves_nothing_behind():
+    script = ("import json, psutil, ddplab\nlab = ddplab.start(world_size=2, backend='gloo')\n"
+              "tree = [p.pid for p in psutil.Process().children(recursive=True)]\n"
+              "print('STARTED', json.dumps({'pids': tree, 'dir': lab._dir}))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    started = json.loads(result.stdout.split("STARTED ", 1)[1])
+    assert not os.path.exists(started["dir"])
+    assert [pid for pid in started["pids"] if alive(pid)] == []
