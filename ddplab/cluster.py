@@ -118,9 +118,32 @@ class Lab:
         return list(self._pids)
 
     def _launch(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="ddplab-")   # mode 0700: only we can read it
+        # A script that ends without lab.stop() must not leave files behind;
+        # _teardown unregisters this again, so restarts do not pile them up.
+        atexit.register(self._teardown)
+        n = self.spec.world_size
+        try:
+            self._cluster = cluster = self._configure_cluster()
+            cluster.start_cluster_sync(n=n)
+            self._client = cluster.connect_client_sync()
+            # interactive=False: ipyparallel's own progress bar is noise in a lesson.
+            self._client.wait_for_engines(n, timeout=cluster.engine_timeout, interactive=False)
+            self._engine_ids = sorted(self._client.ids)[:n]
+            # cloudpickle sends a notebook function with the globals it uses
+            # (``dist``, ``torch``, a helper), as a student expects; plain
+            # pickling would fail on the ranks with a NameError.
+            self._client[self._engine_ids].use_cloudpickle()
+            self._join_group()
+        except BaseException:
+            self._teardown()
+            raise
+        self._broken = ""
+
+    def _configure_cluster(self):
+        """An ipyparallel Cluster (not started) set up for a fast, self-cleaning local lab."""
         import ipyparallel as ipp
         n = self.spec.world_size
-        self._dir = tempfile.mkdtemp(prefix="ddplab-")   # mode 0700: only we can read it
         parent = {"DDPLAB_PARENT_PID": str(os.getpid())}
         cluster = ipp.Cluster(
             n=n, profile_dir=self._dir, cluster_id="lab", log_level=logging.ERROR,
@@ -137,6 +160,7 @@ class Lab:
             "--IPEngine.enable_nanny=False", "--IPEngine.wait_for_url_file=120"]
         config.LocalEngineSetLauncher.delay = 0
         engine_env = dict(parent, DDPLAB_PRELOAD="torch",
+                          # Set before torch loads, so its thread pool obeys it.
                           OMP_NUM_THREADS=str(omp_threads(n)),
                           # gloo and nccl otherwise pick the interface the hostname
                           # resolves to, which can face the network: stay on loopback.
@@ -144,25 +168,7 @@ class Lab:
         if self.spec.debug:
             engine_env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         config.LocalEngineSetLauncher.environment = engine_env
-        self._cluster = cluster
-        # A script that ends without lab.stop() must not leave files behind;
-        # _teardown does nothing the second time.
-        atexit.register(self._teardown)
-        try:
-            cluster.start_cluster_sync(n=n)
-            self._client = cluster.connect_client_sync()
-            # interactive=False: ipyparallel's own progress bar is noise in a lesson.
-            self._client.wait_for_engines(n, timeout=cluster.engine_timeout, interactive=False)
-            self._engine_ids = sorted(self._client.ids)[:n]
-            # cloudpickle sends a notebook function with the globals it uses
-            # (``dist``, ``torch``, a helper), as a student expects; plain
-            # pickling would fail on the ranks with a NameError.
-            self._client[self._engine_ids].use_cloudpickle()
-            self._join_group()
-        except BaseException:
-            self._teardown()
-            raise
-        self._broken = ""
+        return cluster
 
     def _join_group(self) -> None:
         n, timeout = self.spec.world_size, self.spec.timeout
@@ -175,7 +181,7 @@ class Lab:
         for rank, view in enumerate(views):
             env = worker_env(rank, n, HOST, port)
             args = (rank, n, env, self.backend, self.spec.pg_timeout, self._stack_file(rank),
-                    omp_threads(n), [p for p in sys.path if p])
+                    [p for p in sys.path if p])
             tasks.append(_Task(rank, view.apply_async(engine.call, engine.join_group, args, {})))
         if self._wait(tasks, timeout) != "done":
             failures = self._replay(tasks)
@@ -220,6 +226,7 @@ class Lab:
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = ""
+        atexit.unregister(self._teardown)
 
     def stop(self) -> None:
         """End every engine and the controller, and remove the lab's files."""
@@ -245,20 +252,30 @@ class Lab:
         return f"<ddplab.Lab world_size={self.world_size} backend={self.backend!r} {state}>"
 
     # ------------------------------------------------------------------ running
-    def _check_ranks(self, ranks: Iterable[int] | None, how: str = "ranks=") -> list[int]:
+    def check_ranks(self, ranks: Iterable[int] | int | None, spelled: str | None = None) -> list[int]:
+        """The ranks to run on, sorted; ConfigError naming the fix if any is not a rank here.
+
+        ``spelled`` is how the user wrote them (``"%%rank 5"``), for the message.
+        """
         if ranks is None:
             return self.ranks
-        if isinstance(ranks, int):
-            ranks = [ranks]
-        chosen = sorted(set(ranks))
+        chosen = [ranks] if isinstance(ranks, int) else list(ranks)
+        spelled = spelled or f"ranks={ranks!r}"
+        n = self.world_size
+        if not chosen:
+            raise ConfigError(f"ddplab: {spelled} names no rank. Name at least one of this "
+                              f"lab's ranks, 0..{n - 1}.")
         bad = [r for r in chosen if isinstance(r, bool) or not isinstance(r, int)
-               or not 0 <= r < self.world_size]
-        if bad or not chosen:
+               or not 0 <= r < n]
+        if bad:
+            more = max((r for r in bad if isinstance(r, int) and not isinstance(r, bool)
+                        and r >= n), default=None)
+            bigger = f"ddplab.start(world_size={more + 1})" if more is not None else \
+                "ddplab.start(world_size=...)"
             raise ConfigError(
-                f"ddplab: {how}{list(ranks)!r} names no rank or a rank this lab does not have; "
-                f"its ranks are 0..{self.world_size - 1} (world_size={self.world_size}). "
-                f"Use ranks from that range, or ddplab.start(world_size=...) for more.")
-        return chosen
+                f"ddplab: {spelled} names rank {bad[0]!r}, but this lab has ranks 0..{n - 1} "
+                f"(world_size={n}). Use one of those, or {bigger} for more.")
+        return sorted(set(chosen))
 
     def _ready(self) -> None:
         if not self.running:
@@ -287,7 +304,10 @@ class Lab:
         What the ranks print is shown afterwards, grouped by rank, in rank order.
         Raises ``RankError`` if any rank raised, ``HangError`` after ``timeout``.
         """
-        chosen = self._check_ranks(ranks)
+        if not callable(fn):
+            raise ConfigError(f"ddplab: lab.run needs a function to call on the ranks, but got "
+                              f"{fn!r} ({type(fn).__name__}). Use lab.run(my_function, *args).")
+        chosen = self.check_ranks(ranks)
         timeout = self.spec.timeout if timeout is None else check_timeout(timeout)
         self._ready()
         tasks = self._submit(chosen, engine.call, fn, args, kwargs)
@@ -302,8 +322,9 @@ class Lab:
         With ``grace``, return once that many seconds pass with ranks still
         running, leaving them running (the two-prompt style).
         """
-        chosen = self._check_ranks(ranks)
+        chosen = self.check_ranks(ranks)
         timeout = self.spec.timeout if timeout is None else check_timeout(timeout)
+        grace = None if grace is None else check_timeout(grace, "grace", example=2)
         self._ready()
         self._finish(self._submit(chosen, engine.run_cell, source), timeout, grace)
 
@@ -373,8 +394,8 @@ class Lab:
                     return "failed"
                 if now >= deadline:
                     return "timeout"
-                undone[0].result.wait(min(0.2, deadline - now))
-                self._check_alive()
+                if not undone[0].result.wait(min(0.2, deadline - now)):
+                    self._check_alive()          # no news for a while: is someone dead?
         except KeyboardInterrupt:
             self._interrupt(tasks)
             raise
@@ -481,8 +502,8 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
     Use it as ``with ddplab.start(...) as lab:`` to stop the lab at the end.
     """
     global _current
-    spec = LabSpec(check_world_size(world_size), backend if isinstance(backend, str) else repr(backend),
-                   check_timeout(timeout), check_timeout(grace, "grace"),
+    spec = LabSpec(check_world_size(world_size), backend,
+                   check_timeout(timeout), check_timeout(grace, "grace", example=2),
                    check_timeout(pg_timeout, "pg_timeout"), bool(debug))
     gpus = gpu_count() if spec.backend in ("auto", "nccl") else 0
     lab = Lab(spec, gpus)                  # validates the backend before anything starts

@@ -14,7 +14,7 @@ import re
 import signal
 import time
 
-from .engine import CELL_FILENAME
+from .engine import CELL_FILENAME, relative_to_site_packages
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>\S+)')
 _CELL_PREFIX = CELL_FILENAME.split("{")[0]
@@ -99,9 +99,5 @@ def format_stack(frames: list[tuple[str, int, str]], limit: int = 8) -> str:
     outer = next((i for i, (path, _, _) in enumerate(frames)
                   if path.startswith(_CELL_PREFIX) or not _is_library(path)), len(frames) - 1)
     shown = list(reversed(frames[:outer + 1][:limit]))
-    return "\n".join(f'    File "{_short(path)}", line {line}, in {func}' for path, line, func in shown)
-
-
-def _short(path: str) -> str:
-    # Paths relative to site-packages read the same on every machine.
-    return path.split("site-packages/", 1)[-1]
+    return relative_to_site_packages(
+        "\n".join(f'    File "{path}", line {line}, in {func}' for path, line, func in shown))

@@ -27,6 +27,7 @@ from typing import Any, Callable
 #: Filenames of cells compiled on a rank look like this; the hang diagnosis
 #: finds the cell's line in a stack dump by this prefix.
 CELL_FILENAME = "<rank cell {n}>"
+_SITE_PACKAGES = re.compile(r'[^"\s]*?site-packages/')
 _state: dict[str, Any] = {"cells": 0, "store": None, "stack_file": None}
 
 
@@ -58,13 +59,14 @@ def open_store(host: str, world_size: int, timeout_s: float) -> int:
     store = dist.TCPStore(host, listener.getsockname()[1], world_size, is_master=True,
                           timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
                           master_listen_fd=listener.fileno())
+    # Keep the socket object: if it were garbage-collected it would close the
+    # file descriptor the store now listens on.
     _state["store"], _state["listener"] = store, listener
     return store.port
 
 
 def join_group(rank: int, world_size: int, env: dict[str, str], backend: str,
-               timeout_s: float, stack_file: str, threads: int,
-               kernel_path: list[str] = ()) -> dict:
+               timeout_s: float, stack_file: str, kernel_path: list[str] = ()) -> dict:
     """Set this rank's torchrun-style env, then ``init_process_group``.
 
     ``kernel_path`` is the notebook kernel's ``sys.path``: a function the
@@ -77,7 +79,6 @@ def join_group(rank: int, world_size: int, env: dict[str, str], backend: str,
     sys.path.extend(p for p in kernel_path if p not in sys.path)
     import torch
     import torch.distributed as dist
-    torch.set_num_threads(threads)
     stack = open(stack_file, "w")
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
     _state["stack_file"] = stack
@@ -162,10 +163,16 @@ def _format_error(exc: BaseException, keep: Callable[[str], bool]) -> str:
     # Drop leading frames that are ddplab's machinery, keep the user's code.
     while tb is not None and frames and not keep(frames[0].filename):
         tb, frames = tb.tb_next, frames[1:]
-    text = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
-    # Library paths differ per machine; relative to site-packages they do not,
-    # so a stored traceback compares equal everywhere.
-    return re.sub(r'File "[^"]*?site-packages/', 'File "', text)
+    return relative_to_site_packages("".join(traceback.format_exception(type(exc), exc, tb)).rstrip())
+
+
+def relative_to_site_packages(text: str) -> str:
+    """Cut every path in ``text`` down to the part after ``site-packages/``.
+
+    Library paths differ per machine; relative to site-packages they do not,
+    so a stored traceback or stack compares equal everywhere.
+    """
+    return _SITE_PACKAGES.sub("", text)
 
 
 def _is_user_file(filename: str) -> bool:

@@ -6,6 +6,7 @@ fail in well under a second before anything is launched.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import socket
@@ -82,12 +83,13 @@ def check_world_size(world_size: object) -> int:
     return world_size
 
 
-def check_timeout(value: object, name: str = "timeout") -> float:
-    """Return a positive timeout in seconds, or raise ConfigError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+def check_timeout(value: object, name: str = "timeout", example: float = 60) -> float:
+    """Return a positive, finite timeout in seconds, or raise ConfigError."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not 0 < value < math.inf):        # also rejects nan
         raise ConfigError(
-            f"ddplab: {name} must be a positive number of seconds, but got {value!r}. "
-            f"Use for example {name}=60.")
+            f"ddplab: {name} must be a positive, finite number of seconds, but got {value!r}. "
+            f"Use for example {name}={example:g}.")
     return float(value)
 
 

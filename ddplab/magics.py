@@ -67,12 +67,7 @@ class RankMagics(Magics):
         if not ranks:
             raise ConfigError("ddplab: %%rank needs the ranks to run on, e.g. %%rank 0 "
                               "(or %%ranks for all of them).")
-        bad = [r for r in ranks if not 0 <= r < lab.world_size]
-        if bad:
-            raise ConfigError(
-                f"ddplab: %%rank {' '.join(map(str, ranks))} names rank {bad[0]}, but this lab "
-                f"has ranks 0..{lab.world_size - 1} (world_size={lab.world_size}). Use one of "
-                f"those, or ddplab.start(world_size={max(bad) + 1}) for more.")
+        lab.check_ranks(ranks, spelled=f"%%rank {' '.join(map(str, ranks))}")
         lab.run_cell(cell, ranks=ranks, timeout=options.get("timeout"),
                      grace=options.get("grace", lab.spec.grace))
 

@@ -11,8 +11,9 @@ from conftest import alive, my_process_tree
 
 def rank_and_env():
     import torch.distributed as dist
+    import torch
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "OMP_NUM_THREADS")
-    return dist.get_rank(), {k: os.environ[k] for k in keys}
+    return dist.get_rank(), dict({k: os.environ[k] for k in keys}, threads=torch.get_num_threads())
 
 
 def all_reduce_sum(values):
@@ -31,6 +32,7 @@ def test_run_returns_results_indexed_by_rank(fresh_lab):
         assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert int(env["OMP_NUM_THREADS"]) >= 1
+        assert env["threads"] == int(env["OMP_NUM_THREADS"])   # torch obeys it
 
 
 def test_all_reduce_matches_single_process_reference(fresh_lab):
@@ -46,8 +48,24 @@ def test_run_on_some_ranks_is_keyed_by_rank(fresh_lab):
 
 
 def test_run_on_missing_rank_is_a_clear_error(fresh_lab):
-    with pytest.raises(ddplab.ConfigError, match=r"ranks are 0..1 \(world_size=2\)"):
+    with pytest.raises(ddplab.ConfigError,
+                       match=r"ranks=\[5\] names rank 5, but this lab has ranks 0..1 \(world_size=2\)"
+                             r".*ddplab.start\(world_size=6\)"):
         fresh_lab.run(print, ranks=[5])
+    with pytest.raises(ddplab.ConfigError, match=r"ranks=\[\] names no rank"):
+        fresh_lab.run(print, ranks=[])
+    with pytest.raises(ddplab.ConfigError, match=r"names rank '0'"):
+        fresh_lab.run(print, ranks=["0"])
+
+
+def test_run_of_something_not_callable_is_a_clear_error(fresh_lab):
+    with pytest.raises(ddplab.ConfigError, match=r"lab.run needs a function.*got 5 \(int\)"):
+        fresh_lab.run(5)
+
+
+def test_negative_grace_is_a_clear_error(fresh_lab):
+    with pytest.raises(ddplab.ConfigError, match=r"grace must be a positive, finite number.*grace=2"):
+        fresh_lab.run_cell("1", ranks=[0], grace=-1)
 
 
 def fail_on_rank_one():

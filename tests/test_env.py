@@ -61,6 +61,9 @@ def test_world_size_rejected_with_fix(bad):
 
 
 def test_timeout_rejected_with_fix():
-    with pytest.raises(ConfigError, match=r"timeout must be a positive number.*timeout=60"):
+    with pytest.raises(ConfigError, match=r"timeout must be a positive, finite number.*timeout=60"):
         check_timeout(0)
+    for bad in (float("inf"), float("nan"), "10", None):
+        with pytest.raises(ConfigError, match="positive, finite number"):
+            check_timeout(bad)
     assert check_timeout(5) == 5.0

@@ -120,8 +120,10 @@ def test_exception_while_others_wait_in_collective_is_reported_early(fresh_lab):
 # 4. Engine death -------------------------------------------------------------
 
 def test_killed_engine_is_named_on_next_call_and_restart_recovers(fresh_lab):
-    os.kill(fresh_lab.pids[1], signal.SIGKILL)
-    psutil.Process(fresh_lab.pids[1]).wait(5) if alive(fresh_lab.pids[1]) else None
+    victim = fresh_lab.pids[1]
+    os.kill(victim, signal.SIGKILL)
+    if alive(victim):                                 # SIGKILL lands asynchronously
+        psutil.Process(victim).wait(5)
     begin = time.monotonic()
     with pytest.raises(ddplab.EngineDiedError, match=r"rank 1 died.*lab.restart\(\)") as info:
         fresh_lab.run(print)
@@ -143,61 +145,89 @@ def test_engine_killed_during_a_call_is_detected_at_once(fresh_lab, tmp_path):
 
 # 5. No orphans ---------------------------------------------------------------
 
+# A stand-in for a notebook kernel: starts a lab, reports what it started,
+# then waits on stdin ("wait") or ends without calling lab.stop() ("exit").
 KERNEL_STAND_IN = """
-import json, os, sys, psutil, ddplab
+import json, sys, psutil, ddplab
 lab = ddplab.start(world_size=2, backend="gloo")
 tree = [p.pid for p in psutil.Process().children(recursive=True)]
 print("STARTED", json.dumps({"pids": tree, "dir": lab._dir}), flush=True)
-sys.stdin.read()
+if sys.argv[1] == "wait":
+    sys.stdin.read()
 """
 
 
+def _started(line: str) -> dict:
+    return json.loads(line.split("STARTED ", 1)[1])
+
+
+def _gone_within(started: dict, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and (any(map(alive, started["pids"]))
+                                           or os.path.exists(started["dir"])):
+        time.sleep(0.05)
+    assert [pid for pid in started["pids"] if alive(pid)] == []
+    assert not os.path.exists(started["dir"])
+
+
 def test_kernel_killed_with_sigkill_leaves_no_process_or_file():
-    kernel = subprocess.Popen([sys.executable, "-c", KERNEL_STAND_IN], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL_STAND_IN, "wait"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         line = ""
         while not line.startswith("STARTED"):
             line = kernel.stdout.readline()
             assert line, "the stand-in kernel exited before starting its lab"
-        started = json.loads(line.split(" ", 1)[1])
     finally:
         kernel.kill()
         kernel.wait()
+    started = _started(line)
     assert len(started["pids"]) >= 3                  # controller (+ schedulers) and 2 engines
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (any(map(alive, started["pids"]))
-                                           or os.path.exists(started["dir"])):
-        time.sleep(0.1)
-    assert [pid for pid in started["pids"] if alive(pid)] == []
-    assert not os.path.exists(started["dir"])
+    _gone_within(started, 10)
+
+
+def test_script_that_never_calls_stop_leaves_nothing_behind():
+    result = subprocess.run([sys.executable, "-c", KERNEL_STAND_IN, "exit"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    _gone_within(_started(result.stdout), 0)          # gone by the time the script has exited
 
 
 # 6. Two labs at once ---------------------------------------------------------
 
+# Each try, both processes wait at a file barrier, then start their labs at once.
 TWO_LABS = """
-import sys, time, ddplab
+import os, sys, time, ddplab
 def total():
     import torch, torch.distributed as dist
     t = torch.tensor([dist.get_rank() + 1.0]); dist.all_reduce(t); return t.item()
-start_at = float(sys.argv[1])
-for attempt in range(int(sys.argv[2])):
-    time.sleep(max(0.0, start_at + attempt * 8 - time.time()))   # both start at one moment
+barrier, me, tries = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for attempt in range(tries):
+    open(os.path.join(barrier, f"{attempt}-{me}"), "w").close()
+    deadline = time.monotonic() + 60
+    while len([f for f in os.listdir(barrier) if f.startswith(f"{attempt}-")]) < 2:
+        assert time.monotonic() < deadline, f"the other process never reached try {attempt}"
+        time.sleep(0.005)
     with ddplab.start(world_size=2, backend="gloo") as lab:
-        assert lab.run(total) == [3.0, 3.0]
+        assert lab.run(total) == [3.0, 3.0], f"try {attempt}"
 print("ok")
 """
 
 
-def test_two_labs_started_at_the_same_moment_never_clash():
+def test_two_labs_started_at_the_same_moment_never_clash(tmp_path):
     tries = 10
-    start_at = time.time() + 3
-    procs = [subprocess.Popen([sys.executable, "-c", TWO_LABS, str(start_at), str(tries)],
+    procs = [subprocess.Popen([sys.executable, "-c", TWO_LABS, str(tmp_path), name, str(tries)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    for proc in procs:
-        out, err = proc.communicate(timeout=tries * 8 + 60)
-        assert proc.returncode == 0 and out.strip().endswith("ok"), err[-2000:]
+             for name in ("a", "b")]
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=tries * 30)
+            assert proc.returncode == 0 and out.strip().endswith("ok"), err[-3000:]
+    finally:
+        for proc in procs:                            # never leave a stand-in running
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 # 7. Security -----------------------------------------------------------------
@@ -239,14 +269,3 @@ def test_debug_explains_a_mismatched_collective_per_rank():
         assert "Detected mismatch between collectives" in trace
         assert "Tensor shapes" in trace
 
-
-def test_script_that_never_calls_stop_leaves_nothing_behind():
-    script = ("import json, psutil, ddplab\nlab = ddplab.start(world_size=2, backend='gloo')\n"
-              "tree = [p.pid for p in psutil.Process().children(recursive=True)]\n"
-              "print('STARTED', json.dumps({'pids': tree, 'dir': lab._dir}))\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    started = json.loads(result.stdout.split("STARTED ", 1)[1])
-    assert not os.path.exists(started["dir"])
-    assert [pid for pid in started["pids"] if alive(pid)] == []

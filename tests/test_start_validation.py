@@ -1,5 +1,8 @@
 """Bad input to ddplab.start fails in under a second, clearly, and starts no process."""
 
+import glob
+import os
+import tempfile
 import time
 
 import pytest
@@ -16,13 +19,18 @@ from conftest import my_process_tree
     (dict(world_size=100_000), "too many ranks"),
     (dict(world_size=2, backend="nccl"), "backend='nccl' needs one GPU per rank"),
     (dict(world_size=2, backend="mpich"), "backend='mpich' is not one ddplab knows"),
-    (dict(world_size=2, timeout=-5), "timeout must be a positive number"),
+    (dict(world_size=2, timeout=-5), "timeout must be a positive, finite number"),
+    (dict(world_size=2, timeout=float("inf")), "timeout must be a positive, finite number"),
+    (dict(world_size=2, pg_timeout=float("nan")), "pg_timeout must be a positive, finite number"),
+    (dict(world_size=2, grace=0), "grace must be a positive, finite number.*grace=2"),
+    (dict(world_size=2, backend=None), "backend=None is not one ddplab knows"),
 ])
 def test_bad_input_fails_fast_and_starts_nothing(kwargs, words):
-    before = my_process_tree()
+    before, dirs_before = my_process_tree(), set(glob.glob(os.path.join(tempfile.gettempdir(), "ddplab-*")))
     begin = time.perf_counter()
     with pytest.raises(ddplab.ConfigError, match=words) as info:
         ddplab.start(**kwargs)
     assert time.perf_counter() - begin < 1.0
     assert "Use" in str(info.value)          # every message names the fix
     assert my_process_tree() <= before
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "ddplab-*"))) <= dirs_before
