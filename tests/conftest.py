@@ -26,6 +26,27 @@ def fresh_lab(lab):
     return lab
 
 
+@pytest.fixture(scope="session")
+def lab4():
+    """A running 4-rank gloo lab, beside the 2-rank one (start() would replace that one)."""
+    from ddplab.cluster import Lab, LabSpec
+
+    lab = Lab(LabSpec(world_size=4, backend="gloo", timeout=60, grace=2.0,
+                      pg_timeout=1800, debug=False), gpus=0)
+    lab._launch()
+    yield lab
+    lab.stop()
+
+
+@pytest.fixture
+def fresh_lab4(lab4):
+    """The 4-rank lab, usable and current, so checkers and ddplab.show find it."""
+    if not lab4.running or lab4._broken:
+        lab4.restart()
+    ddplab.cluster._current = lab4
+    return lab4
+
+
 def my_process_tree() -> set[int]:
     """Pids of every live process this test process started, directly or not."""
     return {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)

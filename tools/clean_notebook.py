@@ -3,6 +3,10 @@
 Removes per-cell execution timestamps and volatile metadata, and gives every
 cell a stable id, so re-running a notebook changes git only where output did.
 
+Exercise and check cells keep the ids their author gave them
+(``exercise-<name>``, ``check-<name>``, tagged ``exercise`` / ``check``):
+grading finds them by id, so they must not move when a cell is inserted above.
+
     python tools/clean_notebook.py notebooks/*.ipynb
 """
 
@@ -11,6 +15,7 @@ import sys
 import nbformat
 
 KEEP_CELL_METADATA = {"tags", "editable", "deletable"}
+GRADED_ID_PREFIXES = ("exercise-", "check-")
 
 
 def clean(path: str) -> None:
@@ -19,7 +24,8 @@ def clean(path: str) -> None:
                                   "name": "python3"},
                    "language_info": {"name": "python"}}
     for index, cell in enumerate(nb.cells):
-        cell.id = f"cell-{index:02d}"
+        if not cell.get("id", "").startswith(GRADED_ID_PREFIXES):
+            cell.id = f"cell-{index:02d}"
         cell.metadata = {k: v for k, v in cell.metadata.items() if k in KEEP_CELL_METADATA}
     nbformat.write(nb, path)
 

@@ -1,0 +1,106 @@
+"""What every checker shares: fetch answers from the ranks, compare, report.
+
+A checker prints one fixed line when the answer is right, so nbval can
+compare it, and raises ``AssertionError`` when it is wrong, with a table of
+what each rank should have held and what it held. Raising (never printing)
+is what makes a wrong answer fail the cell, and so fail grading.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+_MISSING = "<not defined on this rank>"
+
+
+def _lookup(name: str) -> Any:
+    """On a rank: the value of ``name`` in its namespace, or a marker if there is none."""
+    from ddplab.engine import namespace
+
+    return namespace().get(name, _MISSING)
+
+
+def lab_or_current(lab: Any = None) -> Any:
+    """The lab to check: the one given, or the one running."""
+    from ddplab.cluster import current
+
+    return lab if lab is not None else current()
+
+
+def values_on_ranks(name: str, lab: Any = None) -> list[Any]:
+    """The variable ``name`` on every rank, indexed by rank.
+
+    Raises ``AssertionError`` naming the ranks where it is missing, since that
+    means the exercise cell did not run there (or used another name).
+    """
+    lab = lab_or_current(lab)
+    values = lab.run(_lookup, name)
+    missing = [rank for rank, value in enumerate(values) if isinstance(value, str) and value == _MISSING]
+    if missing:
+        where = ", ".join(map(str, missing))
+        raise AssertionError(f"no variable `{name}` on rank{'s' if len(missing) > 1 else ''} {where}. "
+                             f"Run the exercise cell above (it must run on every rank: %%ranks) "
+                             f"and keep the name `{name}`.")
+    return values
+
+
+def run_on_ranks(fn: Callable, *args: Any, lab: Any = None, **kwargs: Any) -> list[Any]:
+    """Call ``fn`` on every rank; a student's exception fails the check with that rank's traceback."""
+    return lab_or_current(lab).run(fn, *args, **kwargs)
+
+
+def same(expected: Any, got: Any, atol: float = 0.0) -> bool:
+    """Equal values: tensors by shape, dtype class and elements; lists item by item."""
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+            return False
+        if got.dtype.is_floating_point != expected.dtype.is_floating_point:
+            return False
+        if atol:
+            return bool(torch.allclose(got.double(), expected.double(), atol=atol, rtol=0))
+        return bool(torch.equal(got.to(expected.dtype), expected))
+    if isinstance(expected, (list, tuple)):
+        return (isinstance(got, (list, tuple)) and len(got) == len(expected)
+                and all(same(e, g, atol) for e, g in zip(expected, got)))
+    if isinstance(expected, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        return math.isclose(expected, got, abs_tol=atol) if atol else expected == got
+    return type(expected) is type(got) and expected == got
+
+
+def _spell(value: Any) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).replace("torch.", "")
+        return f"{value.tolist()} ({dtype})"
+    return repr(value)
+
+
+def compare(what: str, expected: list[Any], got: list[Any], atol: float = 0.0,
+            hint: str = "") -> None:
+    """Raise ``AssertionError`` with a per-rank table unless ``got`` matches ``expected``.
+
+    ``expected`` and ``got`` are indexed by rank. Rows of ranks that are wrong
+    are marked with ``<-- wrong``; ``hint`` is a sentence on what usually causes it.
+    """
+    wrong = [rank for rank, (e, g) in enumerate(zip(expected, got)) if not same(e, g, atol)]
+    if len(expected) != len(got):
+        raise AssertionError(f"{what}: expected answers from {len(expected)} ranks, got {len(got)}.")
+    if not wrong:
+        return
+    lines = [f"{what} is wrong on rank{'s' if len(wrong) > 1 else ''} {', '.join(map(str, wrong))}."]
+    for rank, (e, g) in enumerate(zip(expected, got)):
+        mark = "   <-- wrong" if rank in wrong else ""
+        lines.append(f"  rank {rank}: expected {_spell(e)}")
+        lines.append(f"  {' ' * len(str(rank))}      got      {_spell(g)}{mark}")
+    if hint:
+        lines.append(f"Hint: {hint}")
+    raise AssertionError("\n".join(lines))
+
+
+def passed(message: str) -> None:
+    """The one fixed line a checker prints on success."""
+    print(f"Correct: {message}")

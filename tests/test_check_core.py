@@ -1,0 +1,53 @@
+"""The checkers' shared core: fixed line on success, per-rank table on failure."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddplab.check import _core
+
+
+def test_compare_accepts_equal_values_and_prints_nothing(capsys):
+    _core.compare("total", [torch.tensor([1.0]), 2], [torch.tensor([1.0]), 2])
+    assert capsys.readouterr().out == ""
+
+
+def test_compare_shows_expected_and_got_per_rank():
+    with pytest.raises(AssertionError) as info:
+        _core.compare("total", [torch.tensor([3.0]), torch.tensor([3.0])],
+                      [torch.tensor([3.0]), torch.tensor([2.0])], hint="did rank 1 all_reduce?")
+    message = str(info.value)
+    assert message.splitlines()[0] == "total is wrong on rank 1."
+    assert "rank 1: expected [3.0] (float32)" in message and "got      [2.0] (float32)   <-- wrong" in message
+    assert "Hint: did rank 1 all_reduce?" in message
+
+
+@pytest.mark.parametrize("expected, got", [
+    (torch.tensor([1, 2]), torch.tensor([1, 2, 3])),        # shape
+    (torch.tensor([1.5]), torch.tensor([1])),                # float answer given as an int
+    (torch.tensor([1.0]), [1.0]),                            # not a tensor
+    ([1, 2], [1, 2, 3]),
+    (1.0, 1.1),
+    ("a", 1),
+])
+def test_same_rejects(expected, got):
+    assert not _core.same(expected, got)
+
+
+def test_same_tolerance_only_when_asked():
+    assert not _core.same(torch.tensor([1.0]), torch.tensor([1.0 + 1e-6]))
+    assert _core.same(torch.tensor([1.0]), torch.tensor([1.0 + 1e-6]), atol=1e-5)
+
+
+def test_values_on_ranks_names_missing_variable(fresh_lab):
+    fresh_lab.run_cell("answer = rank * 2")
+    assert _core.values_on_ranks("answer") == [0, 2]
+    fresh_lab.run_cell("only_here = 1", ranks=[0])
+    with pytest.raises(AssertionError, match=r"no variable `only_here` on rank 1\. .*%%ranks"):
+        _core.values_on_ranks("only_here")
+
+
+def test_passed_prints_one_fixed_line(capsys):
+    _core.passed("every rank holds 10")
+    assert capsys.readouterr().out == "Correct: every rank holds 10\n"
