@@ -6,7 +6,9 @@ Lifecycle
 one controller and one engine process per rank, all on 127.0.0.1. Each engine
 gets the environment torchrun would give it (RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, OMP_NUM_THREADS) and calls
-``init_process_group``. ddplab numbers the ranks itself, 0..N-1, and every
+``init_process_group``: by default through a TCPStore that rank 0 opens on a
+port it bound first (race-free); ``start(init_method="env" | "tcp" | "file")``
+uses torch's own ``env://``, ``tcp://`` or ``file://`` instead. ddplab numbers the ranks itself, 0..N-1, and every
 result and every line of output is keyed and ordered by that rank.
 
 - ``start()`` with the same arguments returns the running lab; with other
@@ -49,8 +51,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from . import diagnose, display, engine
-from .env import (check_timeout, check_world_size, choose_backend, gpu_count, omp_threads,
-                  worker_env)
+from .env import (check_init_method, check_timeout, check_world_size, choose_backend,
+                  free_port, gpu_count, omp_threads, worker_env)
 from .errors import ConfigError, DdplabError, EngineDiedError, HangError, RankError
 
 HOST = "127.0.0.1"
@@ -82,6 +84,7 @@ class LabSpec:
     grace: float
     pg_timeout: float
     debug: bool
+    init_method: str = "store"     # see start(); a default keeps LabSpec(...) calls short
 
 
 class Lab:
@@ -174,14 +177,28 @@ class Lab:
         n, timeout = self.spec.world_size, self.spec.timeout
         views = [self._client[eid] for eid in self._engine_ids]
         pid_results = [view.apply_async(engine.pid) for view in views]
-        port_result = views[0].apply_async(engine.open_store, HOST, n, self.spec.pg_timeout)
+        method, url = self.spec.init_method, None
+        if method == "store":
+            port_result = views[0].apply_async(engine.open_store, HOST, n, self.spec.pg_timeout)
         self._pids = [r.get(timeout) for r in pid_results]
-        port = port_result.get(timeout)
+        if method == "store":
+            port = port_result.get(timeout)
+        elif method in ("env", "tcp"):
+            # torch's rank 0 binds this port itself, a moment from now; the
+            # "store" default avoids that small race by binding first.
+            port = free_port(HOST)
+            url = "env://" if method == "env" else f"tcp://{HOST}:{port}"
+        else:
+            # A fresh file for every group: one left over from an earlier
+            # group already holds its keys, and the new group deadlocks.
+            url = "file://" + os.path.join(self._dir, "init-file")
         tasks = []
         for rank, view in enumerate(views):
-            env = worker_env(rank, n, HOST, port)
+            env = worker_env(rank, n, HOST, port if method != "file" else 0)
+            if method == "file":        # nobody listens anywhere: say so by leaving them out
+                del env["MASTER_ADDR"], env["MASTER_PORT"]
             args = (rank, n, env, self.backend, self.spec.pg_timeout, self._stack_file(rank),
-                    [p for p in sys.path if p])
+                    [p for p in sys.path if p], url)
             tasks.append(_Task(rank, view.apply_async(engine.call, engine.join_group, args, {})))
         if self._wait(tasks, timeout) != "done":
             failures = self._replay(tasks)
@@ -488,7 +505,8 @@ def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
-          grace: float = 2.0, pg_timeout: float = 1800, debug: bool = False) -> Lab:
+          grace: float = 2.0, pg_timeout: float = 1800, debug: bool = False,
+          init_method: str = "store") -> Lab:
     """Start a lab of ``world_size`` ranks, or return the running one if it matches.
 
     - ``backend``: ``"auto"`` (nccl with one GPU per rank, else gloo), ``"gloo"`` or ``"nccl"``.
@@ -498,13 +516,34 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
       in the two-prompt style a send may wait while a person reads the next cell.
     - ``debug``: set ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on the ranks, so a
       mismatched collective comes with torch's own explanation.
+    - ``init_method``: how the ranks find each other in ``init_process_group``.
+      Every rank gets torchrun's variables (RANK, WORLD_SIZE, ...) whichever you pick.
+
+      - ``"store"`` (default): ``env://`` made race-free. Rank 0 opens the
+        TCPStore on a socket it has already bound to a free port of 127.0.0.1
+        (port 0: the OS picks), reports the port, and every rank calls
+        ``init_process_group(store=...)``. Two labs started at once can never
+        pick the same port, and the store listens on loopback only.
+      - ``"env"``: ``init_process_group(init_method="env://")``, as under
+        torchrun: torch reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; rank 0
+        opens the store on MASTER_PORT, chosen by ``ddplab.env.free_port()``.
+      - ``"tcp"``: ``init_method="tcp://127.0.0.1:PORT"`` with ``rank`` and
+        ``world_size`` passed in, a free port as for ``"env"``.
+      - ``"file"``: ``init_method="file:///<fresh file in the lab's private
+        directory>"``, a FileStore; no port at all, so MASTER_ADDR and
+        MASTER_PORT are not set. Each start and restart uses a new file.
+
+      With ``"env"`` and ``"tcp"`` torch binds the port a moment after ddplab
+      found it free, so another program could take it first (then rank 0 fails
+      to start its store), and torch's store listens on every interface.
 
     Use it as ``with ddplab.start(...) as lab:`` to stop the lab at the end.
     """
     global _current
     spec = LabSpec(check_world_size(world_size), backend,
                    check_timeout(timeout), check_timeout(grace, "grace", example=2),
-                   check_timeout(pg_timeout, "pg_timeout"), bool(debug))
+                   check_timeout(pg_timeout, "pg_timeout"), bool(debug),
+                   check_init_method(init_method))
     gpus = gpu_count() if spec.backend in ("auto", "nccl") else 0
     lab = Lab(spec, gpus)                  # validates the backend before anything starts
     if _current is not None and _current.running and _current.spec == spec:

@@ -66,11 +66,18 @@ def open_store(host: str, world_size: int, timeout_s: float) -> int:
 
 
 def join_group(rank: int, world_size: int, env: dict[str, str], backend: str,
-               timeout_s: float, stack_file: str, kernel_path: list[str] = ()) -> dict:
+               timeout_s: float, stack_file: str, kernel_path: list[str] = (),
+               init_method: str | None = None) -> dict:
     """Set this rank's torchrun-style env, then ``init_process_group``.
 
     ``kernel_path`` is the notebook kernel's ``sys.path``: a function the
     kernel imported from a module can then be imported, and so run, here too.
+
+    ``init_method`` is None for ddplab's default (meet at the TCPStore that
+    ``open_store`` started), or a URL torch resolves itself: ``"env://"``
+    (reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment),
+    ``"tcp://host:port"`` or ``"file:///path"`` (these two need rank and
+    world_size passed in).
 
     Also registers a faulthandler on SIGUSR1, so the kernel can ask a stuck
     rank where it is, even while it is blocked inside a C++ collective.
@@ -85,12 +92,20 @@ def join_group(rank: int, world_size: int, env: dict[str, str], backend: str,
     if backend == "nccl":
         # One GPU per rank; must happen before the group touches CUDA.
         torch.cuda.set_device(int(env["LOCAL_RANK"]))
-    store = _state["store"]
-    if store is None:
-        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size,
-                              is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if init_method == "env://":
+        # Exactly what a script under torchrun does: everything comes from os.environ.
+        dist.init_process_group(backend, init_method=init_method, timeout=timeout)
+    elif init_method is not None:
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=world_size, timeout=timeout)
+    else:
+        store = _state["store"]
+        if store is None:
+            store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size,
+                                  is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
     namespace().update(rank=rank, world_size=world_size, torch=torch, dist=dist)
     return {"rank": dist.get_rank(), "pid": os.getpid()}
 

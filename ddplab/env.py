@@ -17,6 +17,9 @@ from .errors import ConfigError
 #: one machine runs out of memory long before it runs out of ranks.
 MAX_LOCAL_WORLD_SIZE = 64
 BACKENDS = ("auto", "gloo", "nccl")
+#: How the ranks meet, for ``ddplab.start(init_method=...)``: ``"store"`` is
+#: ddplab's own race-free default; the others are torch's three URL schemes.
+INIT_METHODS = ("store", "env", "tcp", "file")
 
 
 def worker_env(rank: int, world_size: int, master_addr: str, master_port: int,
@@ -91,6 +94,23 @@ def check_timeout(value: object, name: str = "timeout", example: float = 60) -> 
             f"ddplab: {name} must be a positive, finite number of seconds, but got {value!r}. "
             f"Use for example {name}={example:g}.")
     return float(value)
+
+
+def check_init_method(value: object) -> str:
+    """Return ``value`` if it names one of ``INIT_METHODS``, or raise ConfigError.
+
+    ddplab builds the URL itself (a free port, a fresh file), so it takes the
+    scheme's name, ``"env"``, not a URL such as ``"env://"``.
+    """
+    if isinstance(value, str) and value in INIT_METHODS:
+        return value
+    known = ", ".join(repr(m) for m in INIT_METHODS)
+    scheme = value.split("://")[0] if isinstance(value, str) and "://" in value else None
+    if scheme in INIT_METHODS:
+        raise ConfigError(
+            f"ddplab: init_method={value!r} is a URL, but ddplab builds the URL itself (a free "
+            f"port, a fresh file). Use init_method={scheme!r}.")
+    raise ConfigError(f"ddplab: init_method={value!r} is not one ddplab knows. Use one of {known}.")
 
 
 def choose_backend(requested: str, world_size: int, gpu_count: int) -> tuple[str, str]:
