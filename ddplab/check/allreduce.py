@@ -1,5 +1,215 @@
-"""Checkers for notebook exercises (see _core for the shared behaviour)."""
+"""Checkers for notebook 06: all_reduce built by hand, compared with ``dist.all_reduce``.
+
+    ddplab.check.naive_all_reduce(my_naive_all_reduce)
+    ddplab.check.ring_all_reduce(my_ring_all_reduce)
+
+Each takes the student's function, ``fn(tensor)``, which must sum ``tensor``
+over all ranks in place, like ``dist.all_reduce(tensor)``. The checker ships
+it to every rank (cloudpickle) and, for several lengths (some not divisible
+by world_size, one shorter than it, one 2-D), dtypes and seeds, gives it
+random data and compares the result with ``dist.all_reduce`` on a copy of the
+same data. Exercises that build all_reduce from send/recv must not call
+collectives: during the student's call those raise.
+
+On failure the AssertionError names the case (shape, dtype, seed), the ranks
+that are wrong, and the first wrong element indexes with expected and got.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from typing import Any, Callable
+
+from ._core import passed, run_on_ranks
+
+__all__ = [
+    "naive_all_reduce",
+    "naive_all_reduce_collectives",
+    "recursive_doubling_all_reduce",
+    "ring_all_reduce",
+]
+
+#: Collectives a send/recv exercise may not call (it would be building all_reduce from all_reduce).
+COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+               "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+               "all_to_all_single", "scatter", "gather")
+#: Lengths every checker tries: 1 (shorter than world_size), odd, prime, large-ish and uneven.
+LENGTHS = (1, 6, 13, 1000, 4099)
+DTYPES = ("float32", "float64", "int64", "int32")
+SEEDS = (0, 1)
+_SHOWN = 6                        # wrong elements listed per rank
+
+
+def cases(lengths=LENGTHS, dtypes=DTYPES, seeds=SEEDS) -> list[tuple[tuple[int, ...], str, int]]:
+    """(shape, dtype, seed) for every case; one extra 2-D case, since 'any length' means any shape."""
+    out = [((n,), dtype, seed) for seed in seeds for dtype in dtypes for n in lengths]
+    out.append(((3, 5), "float32", 2))
+    return out
+
+
+def _make(shape: tuple[int, ...], dtype: str, seed: int, rank: int):
+    """The input of one case on one rank: different on each rank, the same every run."""
+    import torch
+
+    generator = torch.Generator().manual_seed(1000 * seed + rank)
+    kind = getattr(torch, dtype)
+    if kind.is_floating_point:
+        return torch.randn(shape, generator=generator).to(kind)
+    return torch.randint(-100, 100, shape, generator=generator).to(kind)
+
+
+def _forbidding(names: tuple[str, ...], exercise: str):
+    """A context manager that makes ``dist.<name>`` raise, for the student's call only."""
+    import contextlib
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    @contextlib.contextmanager
+    def forbid():
+        saved = {}
+        for name in names:
+            for module in (dist, c10d):
+                if hasattr(module, name):
+                    saved[(module, name)] = getattr(module, name)
+
+                    def refuse(*args, _name=name, **kwargs):
+                        raise AssertionError(
+                            f"{exercise} builds all_reduce from send/recv, so it may not call "
+                            f"dist.{_name}. Use dist.send/dist.recv (or isend/irecv) only.")
+                    setattr(module, name, refuse)
+        try:
+            yield
+        finally:
+            for (module, name), value in saved.items():
+                setattr(module, name, value)
+    return forbid()
+
+
+def _wrong_elements(expected, got, atol: float) -> tuple[int, list[tuple[int, Any, Any]]]:
+    """How many elements differ, and the first few as (flat index, expected, got)."""
+    import torch
+
+    e, g = expected.reshape(-1), got.reshape(-1)
+    if e.dtype.is_floating_point:
+        bad = ~torch.isclose(g.double(), e.double(), rtol=0, atol=atol)
+    else:
+        bad = g != e
+    where = bad.nonzero().reshape(-1)
+    return len(where), [(int(i), e[i].item(), g[i].item()) for i in where[:_SHOWN]]
+
+
+def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exercise: str) -> list[dict]:
+    """On a rank: each case's verdict for this rank. Every rank runs every case, so none is left waiting."""
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    verdicts = []
+    for shape, dtype, seed in case_list:
+        data = _make(shape, dtype, seed, rank)
+        expected = data.clone()
+        dist.all_reduce(expected)                    # the reference: torch's own all_reduce
+        got = data.clone()
+        try:
+            with _forbidding(forbidden, exercise):
+                returned = fn(got)
+        except Exception as error:
+            raise RuntimeError(f"{exercise} raised on the case shape={list(shape)}, dtype={dtype}, "
+                               f"seed={seed} (rank {rank}): {error}") from error
+        verdict = dict(case=(shape, dtype, seed), count=0, shown=[], note="")
+        if isinstance(returned, torch.Tensor) and returned is not got and torch.equal(got, data):
+            verdict["note"] = ("it returned a new tensor and left its argument unchanged; sum into "
+                               "the tensor it is given, in place, as dist.all_reduce does")
+        if got.shape != expected.shape or got.dtype != expected.dtype:
+            verdict.update(count=got.numel() or 1,
+                           note=f"the tensor changed to shape {list(got.shape)}, {got.dtype}")
+        else:
+            # Floats are summed in another order than gloo's, so allow a few roundings
+            # of the largest value (float16 rounds at 1e-3, float32 at 1e-7).
+            atol = 0.0
+            if expected.dtype.is_floating_point and expected.numel():
+                eps = max(1e-6, torch.finfo(expected.dtype).eps * 2 * dist.get_world_size())
+                atol = eps * max(1.0, float(expected.abs().max()))
+            verdict["count"], verdict["shown"] = _wrong_elements(expected, got, atol)
+        verdicts.append(verdict)
+        dist.barrier()                               # cases never overlap on the wire
+    return verdicts
+
+
+def _report(exercise: str, by_rank: list[list[dict]], hint: str) -> None:
+    """Raise AssertionError about the first case that is wrong on some rank."""
+    world_size = len(by_rank)
+    failing = [i for i in range(len(by_rank[0])) if any(v[i]["count"] for v in by_rank)]
+    if not failing:
+        return
+    first = failing[0]
+    shape, dtype, seed = by_rank[0][first]["case"]
+    length = 1
+    for size in shape:
+        length *= size
+    wrong = [rank for rank in range(world_size) if by_rank[rank][first]["count"]]
+    lines = [f"{exercise} is wrong on rank{'s' if len(wrong) > 1 else ''} "
+             f"{', '.join(map(str, wrong))} for shape={list(shape)}, dtype={dtype}, seed={seed} "
+             f"({length} elements on {world_size} ranks"
+             f"{', not a multiple of world_size' if length % world_size else ''}); "
+             f"compared with dist.all_reduce."]
+    for rank in wrong:
+        verdict = by_rank[rank][first]
+        lines.append(f"  rank {rank}: {verdict['count']} of {length} elements wrong"
+                     + (f" ({verdict['note']})" if verdict["note"] else ""))
+        for index, expected, got in verdict["shown"]:
+            lines.append(f"    element {index}: expected {_number(expected)}, got {_number(got)}")
+    if len(failing) > 1:
+        lines.append(f"{len(failing) - 1} more of the {len(by_rank[0])} cases are wrong too.")
+    lines.append(f"Hint: {hint}")
+    raise AssertionError("\n".join(lines))
+
+
+def _number(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def check_all_reduce(fn: Callable, exercise: str, forbidden: tuple[str, ...] = COLLECTIVES,
+                     hint: str = "", lab: Any = None, case_list: list | None = None) -> None:
+    """Run ``fn`` on every rank for every case; print one line, or raise naming what is wrong."""
+    if not callable(fn):
+        raise AssertionError(f"{exercise} needs your function, e.g. ddplab.check.{exercise}"
+                             f"(my_{exercise}), but got {fn!r}.")
+    case_list = cases() if case_list is None else case_list
+    by_rank = run_on_ranks(_run_cases, fn, case_list, forbidden, exercise, lab=lab)
+    _report(exercise, by_rank, hint or "run it on a small tensor and print what each rank "
+            "sends and receives.")
+    shapes = sorted({"x".join(map(str, shape)) for shape, _, _ in case_list}, key=lambda s: (len(s), s))
+    dtypes = sorted({dtype for _, dtype, _ in case_list})
+    passed(f"{exercise} matches dist.all_reduce on every rank for {len(case_list)} cases "
+           f"(shapes {', '.join(shapes)}; {', '.join(dtypes)}).")
+
+
+def naive_all_reduce_collectives(fn: Callable, lab: Any = None) -> None:
+    """Check reduce-then-broadcast written with ``dist.reduce`` and ``dist.broadcast``."""
+    check_all_reduce(fn, "naive_all_reduce_collectives", ("all_reduce",),
+                     "dist.reduce(t, dst=0) leaves the sum on rank 0 only; dist.broadcast(t, src=0) "
+                     "then copies rank 0's tensor into every rank's t.", lab)
+
+
+def naive_all_reduce(fn: Callable, lab: Any = None) -> None:
+    """Check reduce-then-broadcast written with send/recv only."""
+    check_all_reduce(fn, "naive_all_reduce", COLLECTIVES,
+                     "rank 0 receives every other rank's tensor and adds it, then sends the "
+                     "sum back; the other ranks send theirs, then receive into their tensor.", lab)
+
+
+def ring_all_reduce(fn: Callable, lab: Any = None) -> None:
+    """Check a ring all_reduce (reduce-scatter then all-gather) built from send/recv."""
+    check_all_reduce(fn, "ring_all_reduce", COLLECTIVES,
+                     "cut the tensor with t.view(-1).tensor_split(world_size) (lengths may differ); "
+                     "in the reduce-scatter send chunk (rank - step) % p and add the one received "
+                     "into chunk (rank - step - 1) % p; then the all-gather copies the finished "
+                     "chunks around. Compare with the ring picture above.", lab)
+
+
+def recursive_doubling_all_reduce(fn: Callable, lab: Any = None) -> None:
+    """Check recursive doubling (pairwise exchange with rank XOR 2**k) built from send/recv."""
+    check_all_reduce(fn, "recursive_doubling_all_reduce", COLLECTIVES,
+                     "in round k exchange the whole tensor with rank ^ (1 << k) and add; wait for "
+                     "your isend before adding into the tensor you are sending.", lab)

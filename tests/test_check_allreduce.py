@@ -1,0 +1,177 @@
+"""The notebook-06 checkers accept right all_reduce implementations and reject wrong ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ddplab
+from ddplab import algorithms
+from ddplab.check import allreduce as check
+
+
+# ---------------------------------------------------------------- wrong answers
+def ring_same_formula_in_both_phases(tensor):
+    """Wrong chunk order: the all-gather reuses the reduce-scatter's chunk indexes."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    chunks = tensor.view(-1).tensor_split(p)
+    inbox = torch.empty_like(chunks[0])
+    for step in range(p - 1):
+        send, recv = (rank - step) % p, (rank - step - 1) % p
+        request = dist.isend(chunks[send], dst=(rank + 1) % p)
+        part = inbox[:chunks[recv].numel()]
+        dist.recv(part, src=(rank - 1) % p)
+        request.wait()
+        chunks[recv].add_(part)
+    for step in range(p - 1):
+        send, recv = (rank - step) % p, (rank - step - 1) % p     # should be rank+1-step, rank-step
+        request = dist.isend(chunks[send], dst=(rank + 1) % p)
+        dist.recv(chunks[recv], src=(rank - 1) % p)
+        request.wait()
+    return tensor
+
+
+def ring_without_all_gather(tensor):
+    """Only the reduce-scatter: each rank ends with one finished chunk."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    chunks = tensor.view(-1).tensor_split(p)
+    inbox = torch.empty_like(chunks[0])
+    for step in range(p - 1):
+        send, recv = (rank - step) % p, (rank - step - 1) % p
+        request = dist.isend(chunks[send], dst=(rank + 1) % p)
+        part = inbox[:chunks[recv].numel()]
+        dist.recv(part, src=(rank - 1) % p)
+        request.wait()
+        chunks[recv].add_(part)
+    return tensor
+
+
+def ring_equal_chunks_only(tensor):
+    """Chunks of len // p elements: the last len % p elements are never reduced."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    flat = tensor.view(-1)
+    size = flat.numel() // p
+    chunks = [flat[i * size:(i + 1) * size] for i in range(p)]
+    inbox = torch.empty(size, dtype=flat.dtype)
+    for step in range(p - 1):
+        send, recv = (rank - step) % p, (rank - step - 1) % p
+        request = dist.isend(chunks[send], dst=(rank + 1) % p)
+        dist.recv(inbox, src=(rank - 1) % p)
+        request.wait()
+        chunks[recv].add_(inbox)
+    for step in range(p - 1):
+        send, recv = (rank + 1 - step) % p, (rank - step) % p
+        request = dist.isend(chunks[send], dst=(rank + 1) % p)
+        dist.recv(chunks[recv], src=(rank - 1) % p)
+        request.wait()
+    return tensor
+
+
+def naive_without_broadcast(tensor):
+    """Reduce to rank 0 and stop: only rank 0 holds the sum."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        inbox = torch.empty_like(tensor)
+        for src in range(1, p):
+            dist.recv(inbox, src=src)
+            tensor += inbox
+    else:
+        dist.send(tensor, dst=0)
+    return tensor
+
+
+def ring_that_calls_all_reduce(tensor):
+    dist.all_reduce(tensor)
+    return tensor
+
+
+def returns_a_new_tensor(tensor):
+    out = tensor.clone()
+    dist.reduce(out, dst=0)
+    dist.broadcast(out, src=0)
+    return out
+
+
+# ---------------------------------------------------------------- tests
+def test_right_ring_passes_with_one_fixed_line(fresh_lab4, capsys):
+    check.ring_all_reduce(algorithms.ring_all_reduce)
+    out = capsys.readouterr().out
+    assert out == ("Correct: ring_all_reduce matches dist.all_reduce on every rank for 41 cases "
+                   "(shapes 1, 6, 13, 3x5, 1000, 4099; float32, float64, int32, int64).\n")
+
+
+def test_rejects_wrong_chunk_order(fresh_lab4):
+    with pytest.raises(AssertionError) as info:
+        check.ring_all_reduce(ring_same_formula_in_both_phases)
+    message = str(info.value)
+    assert message.startswith("ring_all_reduce is wrong on ranks 0, 1, 2, 3 for shape=[")
+    assert "compared with dist.all_reduce" in message
+    assert "element " in message and "expected " in message and ", got " in message
+    assert "Hint:" in message
+
+
+def test_rejects_forgotten_all_gather(fresh_lab4):
+    with pytest.raises(AssertionError) as info:
+        check.ring_all_reduce(ring_without_all_gather)
+    message = str(info.value)
+    # Length 1 on 4 ranks: the one element is in chunk 0, finished on rank 3 only.
+    assert message.splitlines()[0] == (
+        "ring_all_reduce is wrong on ranks 0, 1, 2 for shape=[1], dtype=float32, seed=0 "
+        "(1 elements on 4 ranks, not a multiple of world_size); compared with dist.all_reduce.")
+    assert "  rank 0: 1 of 1 elements wrong" in message
+    assert "    element 0: expected " in message
+    assert "rank 3: " not in message
+
+
+def test_rejects_lengths_not_divisible_by_world_size(fresh_lab4):
+    with pytest.raises(AssertionError) as info:
+        check.ring_all_reduce(ring_equal_chunks_only)
+    message = str(info.value)
+    assert "for shape=[1], dtype=float32, seed=0 (1 elements on 4 ranks, not a multiple" in message
+    assert "more of the 41 cases are wrong too" in message
+
+
+def test_equal_chunks_only_is_right_when_divisible(fresh_lab4, capsys):
+    # The bug only shows on lengths that are not multiples of world_size:
+    # which is why the checker tries those.
+    divisible = [((n,), "float32", 0) for n in (4, 8, 1000)]
+    check.check_all_reduce(ring_equal_chunks_only, "ring_all_reduce", case_list=divisible)
+    assert capsys.readouterr().out.startswith("Correct:")
+
+
+def test_naive_without_broadcast_names_the_ranks_that_are_wrong(fresh_lab4):
+    with pytest.raises(AssertionError) as info:
+        check.naive_all_reduce(naive_without_broadcast)
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("naive_all_reduce is wrong on ranks 1, 2, 3 for ")
+
+
+def test_send_recv_exercise_may_not_call_all_reduce(fresh_lab4):
+    with pytest.raises(ddplab.RankError, match=r"may not call dist\.all_reduce"):
+        check.ring_all_reduce(ring_that_calls_all_reduce)
+    assert not fresh_lab4._broken       # every rank refused at once: nobody is left waiting
+
+
+def test_collectives_version_must_work_in_place(fresh_lab):
+    check.naive_all_reduce_collectives(algorithms.naive_all_reduce_collectives)
+    with pytest.raises(AssertionError, match="returned a new tensor and left its argument unchanged"):
+        check.naive_all_reduce_collectives(returns_a_new_tensor)
+
+
+def test_recursive_doubling_checker(fresh_lab4, capsys):
+    check.recursive_doubling_all_reduce(algorithms.recursive_doubling_all_reduce)
+    assert capsys.readouterr().out.startswith("Correct: recursive_doubling_all_reduce")
+    with pytest.raises(AssertionError):
+        check.recursive_doubling_all_reduce(naive_without_broadcast)
+
+
+def test_not_a_function_is_refused_with_the_fix(fresh_lab):
+    with pytest.raises(AssertionError, match=r"ddplab.check.ring_all_reduce\(my_ring_all_reduce\)"):
+        check.ring_all_reduce(None)
+
+
+def test_checkers_are_exported():
+    for name in ("naive_all_reduce", "naive_all_reduce_collectives", "ring_all_reduce",
+                 "recursive_doubling_all_reduce"):
+        assert getattr(ddplab.check, name) is getattr(check, name)
