@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from . import diagnose, display, engine
+from . import diagnose, display, engine, progress
 from .env import (check_init_method, check_timeout, check_world_size, choose_backend,
                   free_port, gpu_count, omp_threads, worker_env)
 from .errors import ConfigError, DdplabError, EngineDiedError, HangError, RankError
@@ -396,11 +396,13 @@ class Lab:
         """
         deadline = time.monotonic() + timeout
         failed_at = None
+        board = progress.Board()                 # live bars, once a rank calls progress.report
         try:
             while True:
                 for task in tasks:
                     if task.outcome is None and task.result.ready():
                         task.outcome = task.result.get()
+                board.update({t.rank: t.result.data for t in tasks})
                 undone = [t for t in tasks if t.outcome is None]
                 if not undone:
                     return "done"

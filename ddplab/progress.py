@@ -1,0 +1,171 @@
+"""Live training progress, one bar per rank, while a ddplab cell runs.
+
+A ``%%ranks`` cell or ``lab.run`` blocks the kernel until every rank is done,
+and a widget made on a rank never reaches the browser. So the two halves live
+in different processes:
+
+- On the rank, the training loop calls ``report(step, total, loss=...)``. On a
+  ddplab rank that publishes the numbers through ipyparallel's data channel
+  (``publish_data``), at most ten times a second. Anywhere else (torchrun,
+  ``torch.multiprocessing.spawn``, plain Python) it does nothing, so one
+  training function runs unchanged under every launcher.
+- In the kernel, while the lab waits for the ranks, it hands each rank's latest
+  numbers to a ``Board``. The board appears when the first rank reports: in
+  Jupyter one ``ipywidgets`` bar per rank, updated live; elsewhere a text line
+  per rank at every quarter of the way.
+
+The board's text form (what nbval compares, and what a viewer without widgets
+shows) is one fixed line naming the ranks, so a stored notebook is identical
+from run to run even though the bars moved at different speeds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Any
+
+#: The key under which ``report`` publishes, in each AsyncResult's ``.data``.
+KEY = "ddplab_progress"
+#: Seconds between two published updates of one rank (the last step always goes out).
+MIN_INTERVAL = 0.1
+_last_sent = {"time": -math.inf}
+
+
+def _publisher():
+    """ipyparallel's ``publish_data`` when running on a ddplab rank, else None."""
+    if "DDPLAB_PARENT_PID" not in os.environ or "ipyparallel" not in sys.modules:
+        return None
+    try:
+        from ipykernel.zmqshell import ZMQInteractiveShell
+    except ImportError:
+        return None
+    if not ZMQInteractiveShell.initialized():
+        return None
+    data_pub = getattr(ZMQInteractiveShell.instance(), "data_pub", None)
+    return data_pub.publish_data if data_pub is not None else None
+
+
+def report(step: int, total: int, **metrics: Any) -> bool:
+    """Tell the notebook this rank has done ``step`` of ``total`` steps.
+
+    ``metrics`` (numbers, or one-element tensors such as a loss) are shown
+    beside the bar, e.g. ``report(i, n, epoch=2, loss=loss)``. A tensor is
+    read (``.item()``, which waits for the GPU) only when an update is
+    actually sent. Returns whether one was sent; outside a ddplab rank, never.
+    """
+    now = time.monotonic()
+    if step < total and now - _last_sent["time"] < MIN_INTERVAL:
+        return False
+    publish = _publisher()
+    if publish is None:
+        return False
+    _last_sent["time"] = now
+    numbers = {name: float(value.detach().item() if hasattr(value, "detach") else value)
+               for name, value in metrics.items()}
+    publish({KEY: {"step": int(step), "total": int(total), "metrics": numbers}})
+    return True
+
+
+def describe(record: dict) -> str:
+    """``12/46  epoch=2 loss=0.5312``: a rank's progress as one line of text."""
+    metrics = " ".join(f"{name}={_number(value)}" for name, value in record["metrics"].items())
+    return f"{record['step']}/{record['total']}" + (f"  {metrics}" if metrics else "")
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.4g}"
+
+
+def headline(ranks: list[int]) -> str:
+    """The board's fixed text form."""
+    return f"Live progress, one bar per rank ({', '.join(f'rank {r}' for r in ranks)})"
+
+
+class Board:
+    """The kernel's view of every rank's progress during one wait of the lab.
+
+    ``update({rank: data})`` takes each rank's AsyncResult ``.data``; nothing
+    is shown until some rank has reported. A failure to draw is swallowed:
+    a progress bar must never be the reason a training run fails.
+    """
+
+    def __init__(self) -> None:
+        self._view: _WidgetView | _TextView | None = None
+        self._broken = False
+
+    def update(self, data_by_rank: dict[int, dict]) -> None:
+        if self._broken:
+            return
+        records = {rank: data[KEY] for rank, data in data_by_rank.items()
+                   if data and KEY in data}
+        if not records:
+            return
+        try:
+            if self._view is None:
+                self._view = _make_view(sorted(data_by_rank))
+            self._view.update(records)
+        except Exception:
+            self._broken = True
+
+
+def _make_view(ranks: list[int]) -> "_WidgetView | _TextView":
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+        if shell is not None and hasattr(shell, "kernel"):
+            return _WidgetView(ranks)
+    except ImportError:
+        pass
+    return _TextView(ranks)
+
+
+class _WidgetView:
+    """One IntProgress bar and a line of numbers per rank, drawn by JupyterLab."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        import ipywidgets as w
+        from IPython.display import display
+
+        self.bars, self.texts = {}, {}
+        rows = []
+        for rank in ranks:
+            self.bars[rank] = w.IntProgress(value=0, min=0, max=1, bar_style="info",
+                                            layout=w.Layout(width="40%"))
+            self.texts[rank] = w.Label("waiting")
+            rows.append(w.HBox([w.Label(f"rank {rank}", layout=w.Layout(width="5em")),
+                                self.bars[rank], self.texts[rank]]))
+        box = w.VBox(rows)
+        # The widget's own text form lists its current values, which depend on
+        # timing; ours is fixed, so nbval compares the same line every run.
+        display({"application/vnd.jupyter.widget-view+json":
+                 {"model_id": box.model_id, "version_major": 2, "version_minor": 0},
+                 "text/plain": headline(ranks)}, raw=True)
+
+    def update(self, records: dict[int, dict]) -> None:
+        for rank, record in records.items():
+            bar = self.bars.get(rank)
+            if bar is None:
+                continue
+            bar.max = max(1, record["total"])
+            bar.value = min(record["step"], bar.max)
+            if record["step"] >= record["total"]:
+                bar.bar_style = "success"
+            self.texts[rank].value = describe(record)
+
+
+class _TextView:
+    """Outside Jupyter: a line per rank each time it passes a quarter of its steps."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        self.quarters = {rank: -1 for rank in ranks}
+        print(headline(ranks), flush=True)
+
+    def update(self, records: dict[int, dict]) -> None:
+        for rank, record in sorted(records.items()):
+            quarter = 4 * record["step"] // max(1, record["total"])
+            if quarter > self.quarters.get(rank, -1):
+                self.quarters[rank] = quarter
+                print(f"  rank {rank}: {describe(record)}", flush=True)
