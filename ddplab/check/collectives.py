@@ -1,5 +1,203 @@
-"""Checkers for notebook exercises (see _core for the shared behaviour)."""
+"""Checkers for notebook 02, collectives (all_reduce, all_gather, all_to_all, groups, ...).
+
+Each exercise asks for a function written in a ``%%ranks`` cell, so it lives
+on every rank and can use that rank's ``rank``, ``world_size`` and groups:
+
+    %%ranks
+    def global_mean(x):
+        ...
+
+The check cell names no arguments, ``ddplab.check.global_mean()``: the
+checker finds the function by name on each rank, calls it there with inputs
+it made itself (distinct per rank and per trial, so an answer that only fits
+the notebook's numbers fails), and computes the expected answer in the
+kernel with single-process torch over every rank's input. What the student's
+code does to its inputs on the ranks cannot change that reference.
+
+A function that raises fails the check with that rank's traceback; one that
+deadlocks fails it with where each rank is stuck (the lab then needs
+``lab.restart()``). Both come as ``AssertionError``, like a wrong answer.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from typing import Any, Callable
+
+from ._core import compare, lab_or_current, passed, run_on_ranks
+
+__all__ = ["global_mean", "max_and_rank", "parity_sum", "rows_to_columns"]
+
+_MISSING = "<no such function on this rank>"
+_CHECK_TIMEOUT = 60.0
+
+
+def _call(name: str, inputs: list[Any]) -> Any:
+    """On a rank: call the student's ``name`` on this rank's input.
+
+    Returns ``[answer, the input as it is afterwards]``, or a marker when the
+    rank has no such function (the exercise cell did not run, or failed).
+    """
+    import torch.distributed as dist
+
+    from ddplab.engine import namespace
+
+    fn = namespace().get(name)
+    if not callable(fn):
+        return _MISSING
+    arg = inputs[dist.get_rank()]
+    return [fn(arg), arg]
+
+
+def _answers(name: str, inputs: list[Any], lab: Any, timeout: float) -> list[list[Any]]:
+    """``_call`` on every rank; a missing function, an exception or a hang becomes an AssertionError."""
+    from ddplab.errors import HangError, RankError
+
+    try:
+        got = run_on_ranks(_call, name, inputs, lab=lab, timeout=timeout)
+    except RankError as exc:
+        raise AssertionError(f"{name}(...) raised an exception, so it cannot be checked:\n{exc}") from None
+    except HangError as exc:
+        where = "\n".join(f"  rank {rank}: {'still ' + exc.where[rank] if rank in exc.where else state}"
+                          for rank, state in exc.states.items())
+        raise AssertionError(
+            f"{name}(...) did not finish within {timeout:g} s: the ranks are waiting for each "
+            f"other (a deadlock).\n{where}\nHint: every rank of a group must call the same "
+            f"collectives in the same order. Recover with: lab.restart()") from None
+    missing = [rank for rank, answer in enumerate(got) if isinstance(answer, str) and answer == _MISSING]
+    if missing:
+        where = ", ".join(map(str, missing))
+        raise AssertionError(f"no function `{name}` on rank{'s' if len(missing) > 1 else ''} {where}. "
+                             f"Run the exercise cell above (a %%ranks cell, so every rank defines "
+                             f"it) without errors, and keep the name `{name}`.")
+    return got
+
+
+def _integers(trial: int, rank: int, shape: tuple[int, ...]) -> Any:
+    """Small whole numbers as float32, distinct per trial and rank: sums and means stay exact."""
+    import torch
+
+    generator = torch.Generator().manual_seed(7919 * trial + rank)
+    return torch.randint(-9, 10, shape, generator=generator).float() + 20 * rank
+
+
+def _said(inputs: list[Any]) -> str:
+    """Every rank's input, for the first line of a failure: ``[1.0, 2.0] on rank 0, ...``."""
+    return ", ".join(f"{x.tolist() if hasattr(x, 'tolist') else x!r} on rank {rank}"
+                     for rank, x in enumerate(inputs))
+
+
+def _plain(value: Any) -> Any:
+    """A one-element tensor as a Python number, so 3.0 and tensor(3.) compare equal."""
+    if hasattr(value, "numel") and hasattr(value, "item") and value.numel() == 1:
+        return value.item()
+    return value
+
+
+# ---------------------------------------------------------------- global_mean
+def global_mean(lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
+    """Check ``global_mean(x)``: every rank gets the element-wise mean of ``x`` over all ranks.
+
+    The answer is a new tensor with ``x``'s shape; ``x`` itself must stay as
+    it was. The reference is ``torch.stack(all inputs).mean(0)``.
+    """
+    import torch
+
+    lab = lab_or_current(lab)
+    n = lab.world_size
+    for trial, shape in enumerate([(3,), (2, 2)]):
+        inputs = [_integers(trial, rank, shape) for rank in range(n)]
+        got = _answers("global_mean", inputs, lab, timeout)
+        expected = torch.stack(inputs).mean(0)
+        what = f"global_mean(x) with x = {_said(inputs)}"
+        compare(what, [expected] * n, [answer for answer, _ in got], atol=1e-5,
+                hint="all_reduce the sum of every rank's x (on a copy), then divide by "
+                     "world_size; or all_reduce once with op=dist.ReduceOp.AVG.")
+        compare("x after global_mean(x)", inputs, [x for _, x in got],
+                hint="all_reduce works in place: give it x.clone(), so the caller's x keeps "
+                     "this rank's own values.")
+    passed("global_mean(x) gives every rank the mean over all ranks, and leaves x alone.")
+
+
+# --------------------------------------------------------------- max_and_rank
+def max_and_rank(lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
+    """Check ``max_and_rank(value)``: every rank gets ``(largest value, rank that holds it)``.
+
+    ``value`` is a Python float, one per rank. When several ranks hold the
+    largest value, the answer names the smallest of those ranks.
+    """
+    lab = lab_or_current(lab)
+    n = lab.world_size
+    trials = []
+    for trial in range(2):
+        values = [float(v) / 4 for v in _integers(trial + 10, 0, (n,)).tolist()]
+        trials.append(values)
+    # All negative (a running max that starts at 0 shows up), and the largest held
+    # by two ranks: the answer must name the smaller one.
+    tied = [-abs(v) - 1 for v in trials[0]]
+    tied[-1] = tied[min(1, n - 1)] = max(tied) + 0.5
+    trials.append(tied)
+    for values in trials:
+        got = _answers("max_and_rank", values, lab, timeout)
+        best = max(values)
+        expected = [(best, values.index(best))] * n
+        answers = []
+        for answer, _ in got:
+            if isinstance(answer, (list, tuple)) and len(answer) == 2:
+                v, r = _plain(answer[0]), _plain(answer[1])
+                r = int(r) if isinstance(r, float) and r.is_integer() else r
+                answer = (v, r)
+            answers.append(answer)
+        compare(f"max_and_rank(value) with value = {_said(values)}", expected, answers,
+                atol=1e-6,
+                hint="a MAX all_reduce finds the largest value but forgets who held it: "
+                     "all_gather every rank's value (or (value, rank) with all_gather_object), "
+                     "then pick the largest; on a tie, the smallest rank.")
+    passed("every rank knows the largest value and which rank holds it.")
+
+
+# ----------------------------------------------------------------- parity_sum
+def parity_sum(lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
+    """Check ``parity_sum(x)``: each rank gets the sum of ``x`` over the ranks of its own parity.
+
+    Even ranks get the sum over ranks 0, 2, ...; odd ranks over 1, 3, ....
+    ``x`` must stay as it was.
+    """
+    import torch
+
+    lab = lab_or_current(lab)
+    n = lab.world_size
+    for trial, shape in enumerate([(3,), (2,)]):
+        inputs = [_integers(trial + 20, rank, shape) for rank in range(n)]
+        got = _answers("parity_sum", inputs, lab, timeout)
+        expected = [torch.stack(inputs[rank % 2::2]).sum(0) for rank in range(n)]
+        compare(f"parity_sum(x) with x = {_said(inputs)}", expected,
+                [answer for answer, _ in got],
+                hint="make both groups on every rank, dist.new_group(list(range(0, world_size, 2))) "
+                     "and dist.new_group(list(range(1, world_size, 2))), then all_reduce a copy "
+                     "of x with group= the one this rank belongs to.")
+        compare("x after parity_sum(x)", inputs, [x for _, x in got],
+                hint="all_reduce works in place: give it x.clone().")
+    passed("each rank holds the sum over the ranks of its own parity.")
+
+
+# ------------------------------------------------------------ rows_to_columns
+def rows_to_columns(lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
+    """Check ``rows_to_columns(block)``: from a block of rows to a block of columns.
+
+    A matrix ``M`` is split by rows: rank ``r`` holds ``block``, its ``k``
+    consecutive rows (``M = torch.cat(blocks of ranks 0..n-1)``). It must
+    return its block of columns: ``M.chunk(world_size, dim=1)[r]``.
+    """
+    import torch
+
+    lab = lab_or_current(lab)
+    n = lab.world_size
+    for trial, (k, width) in enumerate([(1, 1), (2, 2), (2, 1)]):
+        matrix = torch.arange(float(n * k * n * width)).reshape(n * k, n * width) + 100 * trial
+        inputs = [block.clone() for block in matrix.chunk(n, dim=0)]
+        got = _answers("rows_to_columns", inputs, lab, timeout)
+        expected = [column.clone() for column in matrix.chunk(n, dim=1)]
+        compare(f"rows_to_columns(block) with block shape {list(inputs[0].shape)}", expected, [answer for answer, _ in got],
+                hint="cut block into world_size pieces along dim=1 (piece j goes to rank j), "
+                     "all_to_all them, and torch.cat what arrives along dim=0, in rank order.")
+    passed("every rank turned its block of rows into its block of columns.")
