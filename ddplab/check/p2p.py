@@ -1,5 +1,238 @@
-"""Checkers for notebook exercises (see _core for the shared behaviour)."""
+"""Checkers for notebook 01, point-to-point communication (send/recv, isend/irecv, batches).
+
+Most exercises here are functions the student writes in the notebook, such as
+``def swap(t): ...``. The check cell passes the function in:
+
+    ddplab.check.swap_tensors(swap)
+
+and the checker calls it on every rank, several times, with fresh inputs of
+a few shapes and dtypes, so an answer that only fits the notebook's numbers
+fails. The expected answer comes from torch itself: the inputs the checker
+made (it knows them), or ``dist.all_gather`` run on the ranks beside the
+student's code. ``ring_token`` instead reads the ``token`` a ``%%ranks``
+cell left on each rank.
+
+A student's function that raises fails the check with ``RankError`` (that
+rank's traceback). One that deadlocks fails it with an ``AssertionError``
+saying where each rank is stuck, after ``timeout`` seconds; the lab then
+needs ``lab.restart()``.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from typing import Any, Callable
+
+from ._core import compare, lab_or_current, passed, run_on_ranks, values_on_ranks
+
+__all__ = ["all_gather_p2p", "neighbour_exchange", "ping_pong", "ring_token", "swap_tensors"]
+
+# (shape, dtype) of the inputs each function-checker tries: a scalar-like
+# vector, a longer one, a matrix, and integers (so a stray float() shows up).
+_CASES = [((1,), "float32"), ((5,), "float32"), ((2, 3), "float64"), ((4,), "int64")]
+_CHECK_TIMEOUT = 30.0
+
+
+def sample(case: int, rank: int) -> Any:
+    """The input rank ``rank`` gets in trial ``case``: distinct per rank and per trial.
+
+    Runs on the ranks and in the kernel alike, so the kernel knows every
+    rank's input without asking for it.
+    """
+    import torch
+
+    shape, dtype = _CASES[case]
+    generator = torch.Generator().manual_seed(1000 * case + rank)
+    values = torch.randint(-50, 50, shape, generator=generator) + 100 * (rank + 1)
+    return values.to(getattr(torch, dtype))
+
+
+def _what(name: str, case: int) -> str:
+    shape, dtype = _CASES[case]
+    return f"{name} with an input of shape {list(shape)} and dtype {dtype}"
+
+
+def _needs_function(fn: Any, checker: str, example: str) -> None:
+    if not callable(fn):
+        raise AssertionError(f"ddplab.check.{checker} needs the function you wrote, but got "
+                             f"{fn!r}. Pass the function itself: ddplab.check.{checker}({example}).")
+
+
+def _needs_world_size(lab: Any, checker: str, allowed: Callable[[int], bool], wanted: str) -> None:
+    if not allowed(lab.world_size):
+        raise AssertionError(f"ddplab.check.{checker} checks a lab of {wanted}, but the running lab "
+                             f"has world_size={lab.world_size}. Start the right one with "
+                             f"lab = ddplab.start(world_size=...) and run your cells again.")
+
+
+def _trials(trial: Callable, fn: Callable, lab: Any, timeout: float) -> list[list[Any]]:
+    """Run ``trial(fn, case)`` on every rank for each case; a deadlock becomes an AssertionError."""
+    from ddplab.errors import HangError
+
+    results = []
+    for case in range(len(_CASES)):
+        try:
+            results.append(run_on_ranks(trial, fn, case, lab=lab, timeout=timeout))
+        except HangError as exc:
+            where = "\n".join(f"  rank {rank}: {'still ' + exc.where[rank] if rank in exc.where else state}"
+                              for rank, state in exc.states.items())
+            raise AssertionError(
+                f"{_what(getattr(fn, '__name__', 'your function'), case)} did not finish within "
+                f"{timeout:g} s: the ranks are waiting for each other (a deadlock).\n{where}\n"
+                f"Hint: two blocking sends facing each other wait forever; post the receives "
+                f"before waiting (isend/irecv or batch_isend_irecv). "
+                f"Then recover with: lab.restart()") from None
+    return results
+
+
+# ------------------------------------------------------------------ ping_pong
+def _ping_pong_trial(fn: Callable, case: int) -> Any:
+    import torch.distributed as dist
+
+    return fn(sample(case, dist.get_rank()))
+
+
+def ping_pong(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
+    """Check ``fn(x)`` on 2 ranks: rank 0 sends ``x``, rank 1 sends back twice what it got.
+
+    Rank 0 must return the reply (``2 * x`` of rank 0), rank 1 what it
+    received (rank 0's ``x``), both with ``x``'s shape and dtype.
+    """
+    _needs_function(fn, "ping_pong", "ping_pong")
+    lab = lab_or_current(lab)
+    _needs_world_size(lab, "ping_pong", lambda n: n == 2, "2 ranks")
+    for case, got in enumerate(_trials(_ping_pong_trial, fn, lab, timeout)):
+        x0 = sample(case, 0)
+        compare(_what("ping_pong(x)", case), [2 * x0, x0], got,
+                hint="rank 1 receives into a buffer shaped like x (torch.empty_like(x)) with "
+                     "recv(buffer, src=0), then sends 2 * buffer back with send(..., dst=0); "
+                     "rank 0 returns what it receives, rank 1 what it received.")
+    passed("rank 0 got back twice what it sent, and rank 1 got exactly what rank 0 sent.")
+
+
+# --------------------------------------------------------------- swap_tensors
+def _keep_input_trial(fn: Callable, case: int) -> list[Any]:
+    """Call ``fn`` on this rank's input; return its answer and the input as it is afterwards."""
+    import torch.distributed as dist
+
+    t = sample(case, dist.get_rank())
+    answer = fn(t)
+    return [answer, t]
+
+
+def swap_tensors(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
+    """Check ``fn(t)`` on 2 ranks: each returns the other rank's ``t`` and leaves its own unchanged."""
+    _needs_function(fn, "swap_tensors", "swap")
+    lab = lab_or_current(lab)
+    _needs_world_size(lab, "swap_tensors", lambda n: n == 2, "2 ranks")
+    for case, got in enumerate(_trials(_keep_input_trial, fn, lab, timeout)):
+        inputs = [sample(case, rank) for rank in range(2)]
+        compare(_what("swap(t)", case), [inputs[1], inputs[0]], [answer for answer, _ in got],
+                hint="each rank returns a new tensor filled by irecv(buffer, src=other rank), "
+                     "while isend(t, dst=other rank) sends its own; wait() on both before returning.")
+        compare(_what("t after swap(t)", case), inputs, [t for _, t in got],
+                hint="receive into a new buffer (torch.empty_like(t)), not into t: isend may "
+                     "still be reading t, and the caller's t must stay as it was.")
+    passed("each rank returned the other rank's tensor and kept its own.")
+
+
+# --------------------------------------------------------- neighbour_exchange
+def _exchange_trial(fn: Callable, case: int) -> list[Any]:
+    """The student's ``(from_left, from_right)``, the input afterwards, and all_gather's view."""
+    import torch
+    import torch.distributed as dist
+
+    t = sample(case, dist.get_rank())
+    everyone = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, t.clone())
+    answer = fn(t)
+    return [answer, t, everyone]
+
+
+def neighbour_exchange(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
+    """Check ``fn(t)``: each rank returns ``(from_left, from_right)``, its neighbours' ``t``.
+
+    The left neighbour of rank ``r`` is ``(r - 1) % world_size``, the right one
+    ``(r + 1) % world_size``. The reference is ``dist.all_gather`` of every
+    rank's ``t``; ``t`` itself must be left unchanged.
+    """
+    _needs_function(fn, "neighbour_exchange", "exchange")
+    lab = lab_or_current(lab)
+    _needs_world_size(lab, "neighbour_exchange", lambda n: n >= 3, "3 or more ranks")
+    n = lab.world_size
+    for case, got in enumerate(_trials(_exchange_trial, fn, lab, timeout)):
+        expected, answers = [], []
+        for rank, (answer, _, everyone) in enumerate(got):
+            expected.append((everyone[(rank - 1) % n], everyone[(rank + 1) % n]))
+            answers.append(tuple(answer) if isinstance(answer, list) else answer)
+        compare(_what("exchange(t) -> (from_left, from_right)", case), expected, answers,
+                hint="irecv the left neighbour's t into one new buffer and the right one's into "
+                     "another; isend t to both; put all four P2POps in one batch_isend_irecv "
+                     "and wait() on every request it returns.")
+        compare(_what("t after exchange(t)", case), [everyone[rank] for rank, (_, _, everyone)
+                                                     in enumerate(got)], [t for _, t, _ in got],
+                hint="receive into new buffers, not into t.")
+    passed("every rank got its left and right neighbours' tensors, in that order.")
+
+
+# -------------------------------------------------------------- all_gather_p2p
+def _all_gather_trial(fn: Callable, case: int) -> list[Any]:
+    """The student's output list, torch's all_gather output list, and the input afterwards."""
+    import torch
+    import torch.distributed as dist
+
+    t = sample(case, dist.get_rank())
+    n = dist.get_world_size()
+    expected = [torch.zeros_like(t) for _ in range(n)]
+    dist.all_gather(expected, t.clone())
+    # Filled with -1, so an entry the student never writes shows as -1, not as a lucky 0.
+    got = [torch.full_like(t, -1) for _ in range(n)]
+    fn(got, t)
+    return [got, expected, t]
+
+
+def all_gather_p2p(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
+    """Check ``fn(tensor_list, tensor)`` against ``dist.all_gather(tensor_list, tensor)``.
+
+    Like ``dist.all_gather``, ``fn`` fills the given output list in place:
+    entry ``i`` becomes rank ``i``'s ``tensor``, on every rank; ``tensor`` is unchanged.
+    """
+    _needs_function(fn, "all_gather_p2p", "my_all_gather")
+    lab = lab_or_current(lab)
+    _needs_world_size(lab, "all_gather_p2p", lambda n: n >= 2, "2 or more ranks")
+    for case, got in enumerate(_trials(_all_gather_trial, fn, lab, timeout)):
+        compare(_what("tensor_list after my_all_gather(tensor_list, tensor)", case),
+                [expected for _, expected, _ in got], [answer for answer, _, _ in got],
+                hint="tensor_list[i] must end up equal to rank i's tensor, on every rank "
+                     "(your own entry too: copy_ it). Fill the list's tensors in place "
+                     "(irecv into tensor_list[i]); rebinding the name does not change the "
+                     "caller's list.")
+        compare(_what("tensor after my_all_gather(tensor_list, tensor)", case),
+                [sample(case, rank) for rank in range(lab.world_size)], [t for _, _, t in got],
+                hint="tensor is the input; only tensor_list is written.")
+    passed("my_all_gather fills tensor_list exactly like dist.all_gather.")
+
+
+# ------------------------------------------------------------------ ring_token
+def ring_token(lab: Any = None) -> None:
+    """Check the ``token`` every rank holds after the token has gone once around the ring.
+
+    Rank 0 starts with ``torch.tensor([0.0])`` and sends it right. Every other
+    rank ``r`` receives it from the left, adds ``r``, keeps it as ``token`` and
+    sends it right; rank 0's ``token`` is what comes back from the last rank.
+    """
+    import torch
+
+    lab = lab_or_current(lab)
+    _needs_world_size(lab, "ring_token", lambda n: n >= 2, "2 or more ranks")
+    got = values_on_ranks("token", lab)
+    # The same ring, walked in one process.
+    expected, running = [None] * lab.world_size, 0.0
+    for rank in range(1, lab.world_size):
+        running += rank
+        expected[rank] = torch.tensor([running])
+    expected[0] = torch.tensor([running])
+    compare("token", expected, got,
+            hint="rank r > 0 receives from (r - 1) % world_size into a float tensor of one "
+                 "element, adds r, and sends to (r + 1) % world_size; rank 0 sends first, "
+                 "then receives from the last rank.")
+    passed(f"the token went once around the ring of {lab.world_size} ranks.")

@@ -1,0 +1,248 @@
+"""Checkers of notebook 01 (point-to-point): each passes a right answer and fails wrong ones.
+
+The answers are functions as a student would write them in the notebook. They
+are shipped to the ranks by value (cloudpickle), as notebook functions are.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed as dist
+
+import ddplab
+from ddplab.check import p2p
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _fails(check, *args, match: str, **kwargs) -> str:
+    """Run a checker on a wrong answer: it must raise AssertionError matching ``match``."""
+    with pytest.raises(AssertionError, match=match) as info:
+        check(*args, **kwargs)
+    return str(info.value)
+
+
+def test_every_checker_is_public():
+    for name in p2p.__all__:
+        assert getattr(ddplab.check, name) is getattr(p2p, name)
+        assert getattr(p2p, name).__doc__
+
+
+def test_sample_differs_per_rank_and_case():
+    assert not torch.equal(p2p.sample(0, 0), p2p.sample(0, 1))
+    assert p2p.sample(3, 0).dtype == torch.int64
+    assert torch.equal(p2p.sample(2, 1), p2p.sample(2, 1))
+
+
+# ------------------------------------------------------------------ ping_pong
+def ping_pong_right(x):
+    if dist.get_rank() == 0:
+        dist.send(x, dst=1)
+        reply = torch.empty_like(x)
+        dist.recv(reply, src=1)
+        return reply
+    received = torch.empty_like(x)
+    dist.recv(received, src=0)
+    dist.send(2 * received, dst=0)
+    return received
+
+
+def ping_pong_not_doubled(x):
+    if dist.get_rank() == 0:
+        dist.send(x, dst=1)
+        dist.recv(x, src=1)
+        return x
+    received = torch.empty_like(x)
+    dist.recv(received, src=0)
+    dist.send(received, dst=0)
+    return received
+
+
+def ping_pong_returns_reply_on_both(x):
+    if dist.get_rank() == 0:
+        dist.send(x, dst=1)
+        reply = torch.empty_like(x)
+        dist.recv(reply, src=1)
+        return reply
+    received = torch.empty_like(x)
+    dist.recv(received, src=0)
+    received *= 2
+    dist.send(received, dst=0)
+    return received
+
+
+def test_ping_pong(fresh_lab, capsys):
+    p2p.ping_pong(ping_pong_right)
+    assert capsys.readouterr().out.splitlines()[-1].startswith("Correct: rank 0 got back twice")
+    message = _fails(p2p.ping_pong, ping_pong_not_doubled, match="is wrong on rank 0")
+    assert "rank 0: expected" in message and "<-- wrong" in message and "Hint:" in message
+    message = _fails(p2p.ping_pong, ping_pong_returns_reply_on_both, match="is wrong on rank 1")
+    assert "rank 0: expected" in message    # every rank's row, right ones too
+
+
+def test_ping_pong_names_its_argument(fresh_lab):
+    _fails(p2p.ping_pong, None, match=r"needs the function you wrote.*ping_pong\(ping_pong\)")
+
+
+# --------------------------------------------------------------- swap_tensors
+def swap_right(t):
+    other = 1 - dist.get_rank()
+    received = torch.empty_like(t)
+    requests = [dist.isend(t, dst=other), dist.irecv(received, src=other)]
+    for request in requests:
+        request.wait()
+    return received
+
+
+def swap_nothing(t):
+    return t
+
+
+def swap_into_t(t):
+    other = 1 - dist.get_rank()
+    requests = [dist.isend(t.clone(), dst=other), dist.irecv(t, src=other)]
+    for request in requests:
+        request.wait()
+    return t
+
+
+def swap_deadlocks(t):
+    other = 1 - dist.get_rank()
+    dist.send(t, dst=other)
+    received = torch.empty_like(t)
+    dist.recv(received, src=other)
+    return received
+
+
+def test_swap_tensors(fresh_lab, capsys):
+    p2p.swap_tensors(swap_right)
+    assert capsys.readouterr().out.startswith("Correct: each rank returned the other rank's tensor")
+    _fails(p2p.swap_tensors, swap_nothing, match=r"swap\(t\) with an input .* is wrong on ranks 0, 1")
+    message = _fails(p2p.swap_tensors, swap_into_t, match=r"t after swap\(t\) .* is wrong on ranks 0, 1")
+    assert "Hint: receive into a new buffer" in message
+
+
+def test_swap_tensors_reports_a_deadlock_per_rank(fresh_lab):
+    message = _fails(p2p.swap_tensors, swap_deadlocks, timeout=5, match="a deadlock")
+    assert "rank 0: still in send" in message and "rank 1: still in send" in message
+    assert "lab.restart()" in message
+
+
+def test_swap_tensors_needs_two_ranks(fresh_lab4):
+    _fails(p2p.swap_tensors, swap_right, match=r"2 ranks.*world_size=4")
+
+
+# --------------------------------------------------------- neighbour_exchange
+def exchange_right(t):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    left, right = (rank - 1) % world_size, (rank + 1) % world_size
+    from_left, from_right = torch.empty_like(t), torch.empty_like(t)
+    ops = [dist.P2POp(dist.irecv, from_left, left), dist.P2POp(dist.irecv, from_right, right),
+           dist.P2POp(dist.isend, t, left), dist.P2POp(dist.isend, t, right)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    return from_left, from_right
+
+
+def exchange_sides_swapped(t):
+    from_left, from_right = exchange_right(t)
+    return from_right, from_left
+
+
+def exchange_own_twice(t):
+    return t.clone(), t.clone()
+
+
+def test_neighbour_exchange(fresh_lab4, capsys):
+    p2p.neighbour_exchange(exchange_right)
+    assert capsys.readouterr().out.startswith("Correct: every rank got its left and right")
+    message = _fails(p2p.neighbour_exchange, exchange_sides_swapped,
+                     match=r"from_left, from_right\) .* is wrong on ranks 0, 1, 2, 3")
+    assert message.count("expected") == 4
+    _fails(p2p.neighbour_exchange, exchange_own_twice, match="is wrong on ranks 0, 1, 2, 3")
+
+
+# -------------------------------------------------------------- all_gather_p2p
+def all_gather_right(tensor_list, tensor):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    requests = []
+    for peer in range(world_size):
+        if peer == rank:
+            tensor_list[peer].copy_(tensor)
+        else:
+            requests.append(dist.isend(tensor, dst=peer))
+            requests.append(dist.irecv(tensor_list[peer], src=peer))
+    for request in requests:
+        request.wait()
+
+
+def all_gather_own_only(tensor_list, tensor):
+    tensor_list[dist.get_rank()].copy_(tensor)
+
+
+def all_gather_shifted(tensor_list, tensor):
+    everyone = [torch.empty_like(tensor) for _ in tensor_list]
+    all_gather_right(everyone, tensor)
+    for i, item in enumerate(everyone):
+        tensor_list[(i + 1) % len(tensor_list)].copy_(item)
+
+
+def all_gather_rebinds(tensor_list, tensor):
+    everyone = [torch.empty_like(tensor) for _ in tensor_list]
+    all_gather_right(everyone, tensor)
+    tensor_list = everyone          # noqa: F841  (the caller's list is untouched)
+
+
+def test_all_gather_p2p(fresh_lab4, capsys):
+    p2p.all_gather_p2p(all_gather_right)
+    assert capsys.readouterr().out == "Correct: my_all_gather fills tensor_list exactly like dist.all_gather.\n"
+    message = _fails(p2p.all_gather_p2p, all_gather_own_only, match="is wrong on ranks 0, 1, 2, 3")
+    assert "-1" in message                 # the entries never written show as -1
+    _fails(p2p.all_gather_p2p, all_gather_shifted, match="tensor_list after .* is wrong")
+    _fails(p2p.all_gather_p2p, all_gather_rebinds, match="tensor_list after .* is wrong")
+
+
+def test_all_gather_p2p_on_two_ranks(fresh_lab):
+    p2p.all_gather_p2p(all_gather_right)
+
+
+# ------------------------------------------------------------------ ring_token
+RING_RIGHT = """
+left, right = (rank - 1) % world_size, (rank + 1) % world_size
+if rank == 0:
+    token = torch.tensor([0.0])
+    dist.send(token, dst=right)
+    dist.recv(token, src=left)
+else:
+    token = torch.zeros(1)
+    dist.recv(token, src=left)
+    token += rank
+    dist.send(token, dst=right)
+"""
+# Every rank keeps its own number: nothing went around.
+RING_NO_PASS = "token = torch.tensor([float(rank)])"
+# The ring walked the other way round: 0 -> 3 -> 2 -> 1 -> 0.
+RING_REVERSED = RING_RIGHT.replace("dst=right", "dst=LEFT").replace("src=left", "src=right") \
+    .replace("LEFT", "left")
+
+
+def test_ring_token(fresh_lab4, capsys):
+    fresh_lab4.run_cell(RING_RIGHT)
+    p2p.ring_token()
+    assert capsys.readouterr().out == "Correct: the token went once around the ring of 4 ranks.\n"
+    fresh_lab4.run_cell(RING_NO_PASS)
+    message = _fails(p2p.ring_token, match="token is wrong on ranks 0, 2, 3")
+    assert "rank 3: expected [6.0] (float32)" in message
+    fresh_lab4.run_cell(RING_REVERSED)
+    message = _fails(p2p.ring_token, match="token is wrong on ranks 1, 2, 3")
+    assert "got      [6.0] (float32)   <-- wrong" in message
+
+
+def test_ring_token_without_the_variable(fresh_lab4):
+    fresh_lab4.run_cell("token = torch.zeros(1)", ranks=[0, 1, 3])
+    fresh_lab4.run_cell("token = 1\ndel token", ranks=[2])
+    _fails(p2p.ring_token, match="no variable `token` on rank 2")
