@@ -1,0 +1,378 @@
+"""Run ``torchrun`` and ``torch.multiprocessing.spawn`` from a notebook cell, as subprocesses.
+
+    from ddplab import launch
+    result = launch.torchrun("train.py", nproc_per_node=2)              # one node
+    result = launch.torchrun("show_env.py", nproc_per_node=2, nnodes=2)  # two "nodes" on 127.0.0.1
+    result = launch.spawn("spawn_demo.py", nprocs=2)   # python spawn_demo.py 2 PORT
+    print(result.output_by_rank())                    # each rank's output, rank 0 first
+
+A cell cannot hand ``mp.spawn`` or ``torchrun`` a function defined in the
+notebook: both start fresh Python processes that must import the code. So the
+code lives in a script file, and this module runs the launcher on it.
+
+What it guarantees:
+
+- Ports come from the OS (``ddplab.env.free_port``), never a fixed 29500, so
+  two launches, or a launch beside a lab, do not collide.
+- Every process a launch started is ended when it returns, even when the
+  script fails or hangs past ``timeout``: the launcher's process group, and
+  every process it started (torchrun puts each worker in a session of its own,
+  so ddplab notes them while it waits and ends them by pid).
+- Output comes back per rank, in rank order: torchrun writes each worker's
+  stdout to its own file (``--log-dir``/``--redirects``); for ``spawn``, lines
+  a rank prints as ``[rank N] ...`` are grouped under rank N. Ports and
+  temporary paths are replaced by ``PORT`` and ``<dir>``, so shown output is the
+  same on every run.
+- A launched script can call ``report_env()`` to record the torch.distributed
+  variables it sees; ``result.reports`` holds them by rank.
+
+A failed launch raises ``LaunchError`` with each rank's output and the
+launcher's own last lines; ``check=False`` returns the ``Launch`` instead.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from .env import check_timeout, check_world_size, free_port
+from .errors import ConfigError, DdplabError
+
+HOST = "127.0.0.1"
+#: The variables a launcher may set for each rank, in the order tables show them.
+ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+             "MASTER_ADDR", "MASTER_PORT")
+_REPORT_DIR = "DDPLAB_LAUNCH_DIR"
+# After one command fails, the time the others get to exit by themselves, so
+# that their own error message (often the real cause) is kept, before they are ended.
+_SETTLE_S = 5.0
+_RANK_LINE = re.compile(r"^\[rank (\d+)\] ?(.*)$")
+
+
+class LaunchError(DdplabError):
+    """A launched script failed or did not finish in time. ``launch`` holds the details."""
+
+    def __init__(self, message: str, launch: "Launch"):
+        super().__init__(message)
+        self.launch = launch
+
+
+@dataclass
+class Launch:
+    """What a launch did: its commands, how they ended, and each rank's output."""
+    commands: list[list[str]]
+    returncodes: list[int | None]          # None: ended by ddplab (timeout, or another failed)
+    timed_out: bool
+    launcher_output: str                   # the launchers' own stdout and stderr, cleaned
+    rank_output: dict[int, str] = field(default_factory=dict)
+    reports: dict[int, dict] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(code == 0 for code in self.returncodes)
+
+    def output_by_rank(self) -> str:
+        """Each rank's output under a ``[rank N]`` label, rank 0 first."""
+        return "\n".join(f"[rank {rank}]\n{text.rstrip()}"
+                         for rank, text in sorted(self.rank_output.items())).rstrip()
+
+    def env_table(self, names: tuple[str, ...] = ENV_NAMES) -> str:
+        """The variables each rank reported with ``report_env()``, as a text table."""
+        return env_table(self.reports, names)
+
+    def __repr__(self) -> str:
+        state = ("ok" if self.ok else "timed out" if self.timed_out
+                 else f"failed (exit codes {self.returncodes})")
+        return f"<ddplab.launch.Launch: {len(self.commands)} command(s), {state}, " \
+               f"{len(self.reports)} rank(s) reported>"
+
+
+def report_env(**extra) -> dict:
+    """Call inside a launched process: record the variables it sees, and return them.
+
+    Records ``ENV_NAMES`` (None where unset), ``dist.get_rank()`` and
+    ``dist.get_world_size()`` if the group is up, and ``extra``. Under a
+    ddplab launch it is also written where ``Launch.reports`` finds it.
+    """
+    import torch.distributed as dist
+
+    report = {name: os.environ.get(name) for name in ENV_NAMES}
+    if dist.is_available() and dist.is_initialized():
+        report["dist.get_rank()"] = dist.get_rank()
+        report["dist.get_world_size()"] = dist.get_world_size()
+    report.update(extra)
+    folder = os.environ.get(_REPORT_DIR)
+    if folder:
+        key = report.get("dist.get_rank()", report["RANK"] or os.getpid())
+        path = os.path.join(folder, f"report-{key}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(report, f)
+        os.replace(path + ".tmp", path)    # whole or absent, never half-written
+    return report
+
+
+def env_table(reports: dict[int, dict] | list[dict], names: tuple[str, ...] = ENV_NAMES) -> str:
+    """Reports by rank as a text table: one row per variable, one column per rank.
+
+    Unset variables show as ``-``; a MASTER_PORT number shows as ``PORT``
+    (it is a free port, different on every run).
+    """
+    if isinstance(reports, list):
+        reports = dict(enumerate(reports))
+    ranks = sorted(reports)
+    extra = [k for r in ranks for k in reports[r] if k not in names]
+    rows = list(names) + list(dict.fromkeys(extra))
+
+    def cell(value, name):
+        if value is None:
+            return "-"
+        if name == "MASTER_PORT" and str(value).isdigit():
+            return "PORT"
+        return str(value)
+
+    table = [["variable"] + [f"rank {r}" for r in ranks]]
+    table += [[name] + [cell(reports[r].get(name), name) for r in ranks] for name in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
+
+
+# --------------------------------------------------------------------- launchers
+def torchrun(script: str, *args: str, nproc_per_node: int = 2, nnodes: int = 1,
+             timeout: float = 120, check: bool = True) -> Launch:
+    """Run ``torchrun`` on ``script``, on 127.0.0.1, and wait for it.
+
+    With ``nnodes=2`` it starts two torchrun invocations at once, ``--node_rank
+    0`` and ``1``, which meet at one free ``--master_port`` and form one group
+    of ``nnodes * nproc_per_node`` ranks: a two-machine job, simulated on one.
+    Rank ``node_rank * nproc_per_node + local_rank``'s output is
+    ``rank_output[that rank]``.
+    """
+    _check_count(nproc_per_node, "nproc_per_node", "processes")
+    _check_count(nnodes, "nnodes", "nodes")
+    check_world_size(nproc_per_node * nnodes)
+    timeout = check_timeout(timeout, example=120)
+    port = free_port(HOST)
+    commands = [[sys.executable, "-m", "torch.distributed.run",
+                 "--nnodes", str(nnodes), "--node_rank", str(node),
+                 "--nproc_per_node", str(nproc_per_node),
+                 "--master_addr", HOST, "--master_port", str(port),
+                 # Each worker's stdout and stderr go to a file of its own.
+                 "--log_dir", f"{{dir}}/logs-node{node}", "--redirects", "3",
+                 script, *map(str, args)] for node in range(nnodes)]
+    return _run(commands, [port], timeout, check, torchrun_nproc=nproc_per_node)
+
+
+def spawn(script: str, nprocs: int = 2, timeout: float = 120, check: bool = True) -> Launch:
+    """Run ``python script NPROCS PORT``: a script that calls ``torch.multiprocessing.spawn``.
+
+    The script gets the number of processes and a free port as its two
+    arguments; with ``mp.spawn`` it sets MASTER_ADDR/MASTER_PORT itself (no
+    launcher does it for it). Lines its ranks print as ``[rank N] ...`` come
+    back in ``rank_output[N]``.
+    """
+    _check_count(nprocs, "nprocs", "processes")
+    check_world_size(nprocs)
+    timeout = check_timeout(timeout, example=120)
+    port = free_port(HOST)
+    return _run([[sys.executable, script, str(nprocs), str(port)]], [port], timeout, check)
+
+
+def _check_count(value: object, name: str, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"ddplab: {name} must be a whole number of {what}, at least 1, but got "
+                          f"{value!r}. Use for example {name}=2.")
+
+
+def command_line(launch: Launch, index: int = 0) -> str:
+    """A launch's command as you would type it, with ``torchrun`` for its module form."""
+    words = list(launch.commands[index])
+    if words[:3] == [sys.executable, "-m", "torch.distributed.run"]:
+        words = ["torchrun"] + words[3:]
+    elif words[0] == sys.executable:
+        words[0] = "python"
+    return " ".join(words)
+
+
+# ----------------------------------------------------------------- the runner
+def _run(commands: list[list[str]], ports: list[int], timeout: float, check: bool,
+         torchrun_nproc: int | None = None) -> Launch:
+    folder = tempfile.mkdtemp(prefix="ddplab_launch-")     # mode 0700
+    commands = [[word.replace("{dir}", folder) for word in cmd] for cmd in commands]
+    env = {k: v for k, v in os.environ.items()
+           # Only the launcher decides these, so a table shows what it set.
+           if k not in ENV_NAMES and k not in ("GROUP_WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE")}
+    env.update({_REPORT_DIR: folder, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"})
+    procs, logs, seen = [], [], {}
+    try:
+        for index, cmd in enumerate(commands):
+            log = open(os.path.join(folder, f"launcher-{index}.txt"), "w+")
+            logs.append(log)
+            # A session of its own: ending its process group ends it and the
+            # children that stay in that group (mp.spawn's), not the kernel.
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
+        codes, timed_out = _wait(procs, seen, timeout)
+    finally:
+        _end(procs, seen)
+        for log in logs:
+            log.close()
+    try:
+        clean = _cleaner(folder, ports)
+        launcher = "\n".join(clean(open(log.name).read()) for log in logs)
+        if torchrun_nproc is None:
+            rank_output = _rank_lines(launcher)
+        else:
+            rank_output = _torchrun_logs(folder, len(commands), torchrun_nproc, clean)
+        reports = {}
+        for path in glob.glob(os.path.join(folder, "report-*.json")):
+            with open(path) as f:
+                report = json.load(f)
+            rank = report.get("dist.get_rank()", report.get("RANK"))
+            reports[int(rank) if rank is not None else len(reports)] = report
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    result = Launch(commands, codes, timed_out, launcher, rank_output, dict(sorted(reports.items())))
+    result.commands = [[clean(word) for word in cmd] for cmd in commands]
+    if check and not result.ok:
+        raise LaunchError(_failure_message(result, timeout), result)
+    return result
+
+
+def _wait(procs: list[subprocess.Popen], seen: dict, timeout: float) -> tuple[list, bool]:
+    """Wait for every command; return exit codes (None: ended by us) and whether time ran out."""
+    deadline = time.monotonic() + timeout
+    failed_at = None
+    while True:
+        codes = [p.poll() for p in procs]
+        _note_descendants(procs, seen)
+        if all(code is not None for code in codes):
+            return codes, False
+        now = time.monotonic()
+        if failed_at is None and any(code not in (None, 0) for code in codes):
+            failed_at = now
+        if failed_at is not None and now - failed_at >= _SETTLE_S:
+            return codes, False
+        if now >= deadline:
+            return codes, True
+        time.sleep(0.1)
+
+
+def _note_descendants(procs: list[subprocess.Popen], seen: dict) -> None:
+    """Remember every process the commands started (pid -> start time), to end them later."""
+    import psutil
+
+    for proc in procs:
+        try:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                seen.setdefault(child.pid, child.create_time())
+        except psutil.Error:
+            pass
+
+
+def _end(procs: list[subprocess.Popen], seen: dict) -> None:
+    """End every process a launch started: each command's process group, then each noted pid."""
+    import psutil
+
+    _note_descendants(procs, seen)
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)   # its session's group; pid == pgid
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid, started in seen.items():
+        try:
+            child = psutil.Process(pid)
+            if child.create_time() == started:      # the same process, not a reused pid
+                child.kill()
+        except psutil.Error:
+            pass
+    for proc in procs:
+        try:
+            proc.wait(10)                           # reap our direct children
+        except subprocess.TimeoutExpired:
+            pass
+    # The others are not our children (init reaps them); wait until they are gone.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_running(p, t) for p, t in seen.items()):
+        time.sleep(0.05)
+
+
+def _running(pid: int, started: float) -> bool:
+    import psutil
+
+    try:
+        child = psutil.Process(pid)
+        return child.create_time() == started and child.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _cleaner(folder: str, ports: list[int]):
+    def clean(text: str) -> str:
+        text = text.replace(folder, "<dir>")
+        for port in ports:
+            text = re.sub(rf"(?<!\d){port}(?!\d)", "PORT", text)
+        return text
+    return clean
+
+
+def _rank_lines(text: str) -> dict[int, str]:
+    """Lines printed as ``[rank N] ...``, grouped by N, each rank's lines in their order."""
+    out: dict[int, list[str]] = {}
+    for line in text.splitlines():
+        match = _RANK_LINE.match(line)
+        if match:
+            out.setdefault(int(match.group(1)), []).append(match.group(2))
+    return {rank: "\n".join(lines) + "\n" for rank, lines in sorted(out.items())}
+
+
+def _torchrun_logs(folder: str, nnodes: int, nproc: int, clean) -> dict[int, str]:
+    """torchrun's per-worker files (``<log_dir>/<run>/attempt_<k>/<local_rank>/``), by global rank."""
+    out = {}
+    for node in range(nnodes):
+        for local in range(nproc):
+            found = sorted(glob.glob(os.path.join(folder, f"logs-node{node}", "*", "attempt_*",
+                                                  str(local))))
+            if not found:
+                continue
+            text = ""
+            for stream in ("stdout.log", "stderr.log"):
+                path = os.path.join(found[-1], stream)     # the last attempt
+                if os.path.exists(path):
+                    text += open(path).read()
+            out[node * nproc + local] = clean(text)
+    return dict(sorted(out.items()))
+
+
+def _failure_message(result: Launch, timeout: float) -> str:
+    what = "\n  ".join(command_line(result, i) for i in range(len(result.commands)))
+    if result.timed_out:
+        head = (f"ddplab: the launch did not finish within timeout={timeout:g} s; every process it "
+                f"started was ended. The ranks are probably waiting for each other (or for a rank "
+                f"that never started).")
+        fix = "Fix the script, or give it longer: timeout=..."
+    else:
+        ended = "; None: ended by ddplab after another failed" if None in result.returncodes else ""
+        head = (f"ddplab: the launch failed (exit codes {result.returncodes}{ended}); every "
+                f"process it started was ended.")
+        fix = "Fix the error shown above in the script, then launch again."
+    lines = [head, f"Launched:\n  {what}"]
+    for rank, text in sorted(result.rank_output.items()):
+        lines.append(f"--- rank {rank} ---\n{_tail(text, 15)}")
+    lines.append(f"--- launcher output (last lines) ---\n{_tail(result.launcher_output, 20)}")
+    lines.append(fix)
+    return "\n".join(lines)
+
+
+def _tail(text: str, n: int) -> str:
+    lines = text.rstrip().splitlines()
+    return "\n".join(lines[-n:]) if lines else "(nothing)"

@@ -1,0 +1,175 @@
+"""ddplab.launch: torchrun and mp.spawn as subprocesses, output by rank, nothing left behind."""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import textwrap
+
+import pytest
+
+import ddplab
+from conftest import alive, my_process_tree
+from ddplab import launch
+
+# Several labs share two cores while the tests run: generous, never tight.
+TIMEOUT = 240
+
+ENV_SCRIPT = """
+import os
+import torch
+import torch.distributed as dist
+from ddplab.launch import report_env
+
+dist.init_process_group("gloo")        # env://, from what torchrun set
+t = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(t)
+print(f"hello from rank {dist.get_rank()}, sum {t.item():g}")
+report_env(pid=os.getpid(), total=t.item())
+dist.destroy_process_group()
+"""
+
+SPAWN_SCRIPT = """
+import os
+import sys
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from ddplab.launch import report_env
+
+def worker(index, world_size, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = port
+    dist.init_process_group("gloo", rank=index, world_size=world_size)
+    print(f"[rank {index}] first line, port {port}")
+    report_env(pid=os.getpid(), index=index)
+    if FAIL and index == 1:
+        raise ValueError("rank one cannot go on")
+    dist.barrier()
+    print(f"[rank {index}] second line")
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    world_size, port = int(sys.argv[1]), sys.argv[2]
+    mp.spawn(worker, args=(world_size, port), nprocs=world_size)
+"""
+
+HANG_SCRIPT = """
+import os
+import time
+import torch.distributed as dist
+from ddplab.launch import report_env
+
+dist.init_process_group("gloo")
+report_env(pid=os.getpid())
+if dist.get_rank() == 0:
+    time.sleep(3600)                   # never reaches the barrier rank 1 waits in
+dist.barrier()
+"""
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def launch_dirs():
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "ddplab_launch-*")))
+
+
+@pytest.fixture
+def nothing_left():
+    """Fails the test if a launch leaves a process or a directory behind."""
+    before, dirs = my_process_tree(), launch_dirs()
+    yield
+    assert my_process_tree() <= before
+    assert launch_dirs() <= dirs
+
+
+def assert_gone(result):
+    """The launched ranks themselves are gone (torchrun's workers are not our descendants once
+    torchrun is gone, so my_process_tree alone would not see them)."""
+    pids = [report["pid"] for report in result.reports.values()]
+    assert pids and not [pid for pid in pids if alive(pid)]
+
+
+def test_torchrun_one_node(tmp_path, nothing_left):
+    result = launch.torchrun(write(tmp_path, "env.py", ENV_SCRIPT), nproc_per_node=2, timeout=TIMEOUT)
+    assert result.ok and result.returncodes == [0]
+    assert result.output_by_rank() == ("[rank 0]\nhello from rank 0, sum 1\n"
+                                       "[rank 1]\nhello from rank 1, sum 1")
+    for rank, report in result.reports.items():
+        assert report["RANK"] == report["LOCAL_RANK"] == str(rank)
+        assert report["WORLD_SIZE"] == report["LOCAL_WORLD_SIZE"] == "2"
+        assert report["MASTER_ADDR"] == "127.0.0.1" and report["MASTER_PORT"].isdigit()
+    assert "PORT" in launch.command_line(result)
+    port = result.reports[0]["MASTER_PORT"]
+    assert port not in launch.command_line(result) and port not in result.env_table()
+    assert "MASTER_PORT            PORT       PORT" in result.env_table()
+    assert_gone(result)
+
+
+def test_torchrun_two_nodes_form_one_group(tmp_path, nothing_left):
+    result = launch.torchrun(write(tmp_path, "env.py", ENV_SCRIPT), nproc_per_node=1, nnodes=2,
+                             timeout=TIMEOUT)
+    assert len(result.commands) == 2 and result.returncodes == [0, 0]
+    assert sorted(result.reports) == [0, 1]
+    for rank, report in result.reports.items():
+        node, local = int(report["GROUP_RANK"]), int(report["LOCAL_RANK"])
+        assert rank == int(report["RANK"]) == node * 1 + local
+        assert report["WORLD_SIZE"] == "2" and report["total"] == 1.0
+    assert "--node_rank 1" in launch.command_line(result, 1)
+    assert_gone(result)
+
+
+def test_spawn_groups_prefixed_lines_by_rank(tmp_path, nothing_left):
+    result = launch.spawn(write(tmp_path, "spawn.py", "FAIL = False\n" + SPAWN_SCRIPT), nprocs=2,
+                          timeout=TIMEOUT)
+    assert result.rank_output == {0: "first line, port PORT\nsecond line\n",
+                                  1: "first line, port PORT\nsecond line\n"}
+    for rank, report in result.reports.items():
+        # mp.spawn sets none of torchrun's variables: the rank is an argument.
+        assert report["RANK"] is None and report["index"] == rank == report["dist.get_rank()"]
+    assert_gone(result)
+
+
+def test_failing_launch_raises_with_the_ranks_output_and_leaves_nothing(tmp_path, nothing_left):
+    with pytest.raises(launch.LaunchError) as info:
+        launch.spawn(write(tmp_path, "spawn.py", "FAIL = True\n" + SPAWN_SCRIPT), nprocs=2,
+                     timeout=TIMEOUT)
+    message = str(info.value)
+    assert message.startswith("ddplab: the launch failed")
+    assert "ValueError: rank one cannot go on" in message
+    assert "Fix the error shown above" in message
+    assert not info.value.launch.ok
+    assert_gone(info.value.launch)
+
+
+def test_hanging_launch_is_ended_at_the_timeout(tmp_path, nothing_left):
+    with pytest.raises(launch.LaunchError, match=r"did not finish within timeout=60 s; every "
+                                                 r"process it started was ended") as info:
+        launch.torchrun(write(tmp_path, "hang.py", HANG_SCRIPT), nproc_per_node=2, timeout=60)
+    result = info.value.launch
+    assert result.timed_out and result.returncodes == [None]
+    assert sorted(result.reports) == [0, 1]     # both workers were really running
+    assert_gone(result)
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda: launch.torchrun("x.py", nnodes=0), "nnodes must be a whole number of nodes"),
+    (lambda: launch.torchrun("x.py", nproc_per_node=1.5), "nproc_per_node must be a whole number"),
+    (lambda: launch.spawn("x.py", nprocs=0), "nprocs must be a whole number of processes"),
+    (lambda: launch.spawn("x.py", nprocs=2, timeout=-1), "timeout must be a positive"),
+])
+def test_bad_arguments_are_config_errors(call, words, nothing_left):
+    with pytest.raises(ddplab.ConfigError, match=words):
+        call()
+
+
+def test_env_table_reads_reports_by_rank():
+    table = launch.env_table([{"RANK": "0", "MASTER_PORT": "4242"}, {"RANK": "1"}],
+                             names=("RANK", "MASTER_PORT"))
+    assert table.splitlines() == ["variable     rank 0  rank 1",
+                                  "RANK         0       1",
+                                  "MASTER_PORT  PORT    -"]
