@@ -1,5 +1,256 @@
-"""Checkers for notebook exercises (see _core for the shared behaviour)."""
+"""Checkers for notebook 05, DDP training.
+
+- ``wrap_model()``: the variable ``ddp_model`` on each rank is a
+  ``DistributedDataParallel`` around that rank's ``model``, placed as the
+  backend wants (``device_ids=None`` on CPU, ``[its GPU]`` under nccl), and
+  holding rank 0's weights on every rank.
+- ``epoch_loader()``: the function ``epoch_loader(dataset, batch_size, epoch)``
+  gives each rank its own shard of the data, together covering all of it,
+  shuffled anew each epoch.
+- ``global_accuracy()``: ``global_accuracy(correct, total)`` is the accuracy
+  over every rank's samples, the same on every rank.
+- ``save_checkpoint()``: ``save_checkpoint(model, path)`` writes the model's
+  weights once, from rank 0 only, loadable into a plain model, and no rank
+  returns before the file is there.
+
+Each checker calls the student's code on the ranks with inputs it made
+itself, and computes what is right in the kernel, independently of it.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from ._core import compare, lab_or_current, passed, run_on_ranks
+
+__all__ = ["epoch_loader", "global_accuracy", "save_checkpoint", "wrap_model"]
+
+_MISSING = "<no such function on this rank>"
+_TIMEOUT = 60.0
+#: The dataset the sampler checker hands to ``epoch_loader``: sample i is the number i.
+#: 24 splits evenly over 1, 2, 3, 4, 6, 8 and 12 ranks, so no rank gets padding.
+_SAMPLES = 24
+
+
+def _student(name: str, lab: Any, fn, *args: Any) -> list[Any]:
+    """Run ``fn(student_function, *args)`` on every rank; turn every failure into an AssertionError."""
+    from ddplab.errors import HangError, RankError
+
+    try:
+        got = run_on_ranks(_with_function, name, fn, *args, lab=lab, timeout=_TIMEOUT)
+    except RankError as exc:
+        raise AssertionError(f"{name}(...) raised an exception, so it cannot be checked:\n{exc}") from None
+    except HangError as exc:
+        raise AssertionError(
+            f"{name}(...) did not finish within {_TIMEOUT:g} s: the ranks wait for each other "
+            f"(a deadlock).\n{exc}\nHint: every rank must make the same collective calls, a "
+            f"barrier included. Recover with: lab.restart()") from None
+    missing = [rank for rank, value in enumerate(got) if isinstance(value, str) and value == _MISSING]
+    if missing:
+        raise AssertionError(
+            f"no function `{name}` on rank{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(map(str, missing))}. Run the exercise cell above (a %%ranks cell, so "
+            f"every rank defines it) without errors, and keep the name `{name}`.")
+    return got
+
+
+def _with_function(name: str, fn, *args: Any) -> Any:
+    """On a rank: look up the student's function and hand it to ``fn``."""
+    from ddplab.engine import namespace
+
+    student = namespace().get(name)
+    return fn(student, *args) if callable(student) else _MISSING
+
+
+# ----------------------------------------------------------------- wrap_model
+def _describe_wrapping() -> dict:
+    """On a rank: what ``ddp_model`` is, and a fingerprint of its weights."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ddplab.engine import namespace
+    from ddplab.train import device_for_this_rank
+
+    ns = namespace()
+    if "ddp_model" not in ns:
+        return _MISSING
+    wrapped, model = ns.get("ddp_model"), ns.get("model")
+    device = device_for_this_rank()
+    ddp = isinstance(wrapped, DistributedDataParallel)
+    inner = wrapped.module if ddp else wrapped
+    params = list(inner.parameters()) if isinstance(inner, torch.nn.Module) else []
+    flat = torch.cat([p.detach().double().flatten().cpu() for p in params]) if params else torch.zeros(0)
+    return {"type": type(wrapped).__name__, "wraps_model": ddp and wrapped.module is model,
+            "device_ids": wrapped.device_ids if ddp else None,
+            "expected_device_ids": [device.index] if device.type == "cuda" else None,
+            "first": flat[:6].float(), "all": flat}
+
+
+def wrap_model(lab: Any = None) -> None:
+    """Check ``ddp_model``: ``model`` wrapped in DDP, placed right, with rank 0's weights everywhere."""
+    import torch
+
+    lab = lab_or_current(lab)
+    n = lab.world_size
+    got = run_on_ranks(_describe_wrapping, lab=lab)
+    missing = [rank for rank, g in enumerate(got) if isinstance(g, str) and g == _MISSING]
+    if missing:
+        raise AssertionError(
+            f"no variable `ddp_model` on rank{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(map(str, missing))}. Run the exercise cell above (a %%ranks cell, so "
+            f"every rank makes it) without errors, and keep the name `ddp_model`.")
+    compare("type(ddp_model).__name__", ["DistributedDataParallel"] * n, [g["type"] for g in got],
+            hint="ddp_model = DDP(model, device_ids=...), with "
+                 "from torch.nn.parallel import DistributedDataParallel as DDP.")
+    compare("ddp_model.module is model", [True] * n, [g["wraps_model"] for g in got],
+            hint="wrap this rank's own `model`, the one the cells above built: DDP(model, ...).")
+    compare("ddp_model.device_ids", [g["expected_device_ids"] for g in got],
+            [g["device_ids"] for g in got],
+            hint="on a GPU: device_ids=[the rank's GPU index]; on CPU leave device_ids out (None).")
+    # DDP's constructor broadcasts rank 0's weights: every rank must now hold them.
+    compare("the first weights of ddp_model", [got[0]["first"]] * n, [g["first"] for g in got],
+            hint="construct DDP on every rank (a %%ranks cell), and do not change the weights "
+                 "afterwards on one rank only.")
+    equal = [bool(torch.equal(g["all"], got[0]["all"])) for g in got]
+    compare("all weights equal to rank 0's", [True] * n, equal,
+            hint="the weights must be exactly rank 0's on every rank, as DDP's broadcast leaves them.")
+    passed("ddp_model wraps model in DDP, and every rank holds rank 0's weights.")
+
+
+# --------------------------------------------------------------- epoch_loader
+def _loader_indices(student, samples: int, batch_size: int) -> dict:
+    """On a rank: the sample numbers ``epoch_loader`` yields in epochs 0 and 1, and its batch sizes."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    dataset = TensorDataset(torch.arange(samples))
+    seen, sizes = [], []
+    for epoch in (0, 1):
+        order = []
+        for batch in student(dataset, batch_size, epoch):
+            values = batch[0] if isinstance(batch, (list, tuple)) else batch
+            order += [int(v) for v in values.reshape(-1)]
+            sizes.append(len(values))
+        seen.append(order)
+    return {"epochs": seen, "largest_batch": max(sizes, default=0)}
+
+
+def epoch_loader(lab: Any = None) -> None:
+    """Check ``epoch_loader(dataset, batch_size, epoch)``: disjoint shards, all data, new order each epoch."""
+    lab = lab_or_current(lab)
+    n, batch_size = lab.world_size, 4
+    got = _student("epoch_loader", lab, _loader_indices, _SAMPLES, batch_size)
+    what = f"epoch_loader(dataset of {_SAMPLES} samples, batch_size={batch_size}, epoch)"
+    compare(f"{what}: samples per rank in epoch 0", [_SAMPLES // n] * n,
+            [len(g["epochs"][0]) for g in got],
+            hint="without a DistributedSampler every rank walks the whole dataset. Give the "
+                 "DataLoader sampler=DistributedSampler(dataset) (and no shuffle=True).")
+    compare(f"{what}: largest batch", [batch_size] * n, [g["largest_batch"] for g in got],
+            hint="pass batch_size on to the DataLoader.")
+    for epoch in (0, 1):
+        union = sorted(i for g in got for i in g["epochs"][epoch])
+        if union != list(range(_SAMPLES)):
+            shards = "\n".join(f"  rank {rank}: {g['epochs'][epoch]}" for rank, g in enumerate(got))
+            raise AssertionError(
+                f"{what}: in epoch {epoch} the ranks' shards should be disjoint and together hold "
+                f"every sample 0..{_SAMPLES - 1} once, but they were:\n{shards}\nHint: every rank "
+                f"must use the same sampler seed, so that they shuffle alike and split the same order.")
+    compare(f"{what}: order changed from epoch 0 to epoch 1", [True] * n,
+            [g["epochs"][0] != g["epochs"][1] for g in got],
+            hint="DistributedSampler(dataset, shuffle=True) draws its order from seed + epoch: "
+                 "call sampler.set_epoch(epoch), or every epoch repeats the same order.")
+    passed("each rank gets its own shard, the shards cover the data, and the order changes "
+           "every epoch.")
+
+
+# ------------------------------------------------------------ global_accuracy
+def _call_accuracy(student, correct: list[int], total: list[int]) -> Any:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    answer = student(correct[rank], total[rank])
+    return float(answer.item() if hasattr(answer, "item") else answer)
+
+
+def global_accuracy(lab: Any = None) -> None:
+    """Check ``global_accuracy(correct, total)``: sum of hits over sum of samples, on every rank."""
+    lab = lab_or_current(lab)
+    n = lab.world_size
+    # Ranks see different numbers of samples, as the last shard of a real test
+    # set can: then the mean of the ranks' accuracies is not the accuracy.
+    for correct, total in [([3 * r + 5 for r in range(n)], [10 * (r + 1) for r in range(n)]),
+                           ([7] + [0] * (n - 1), [8] * n)]:
+        got = _student("global_accuracy", lab, _call_accuracy, correct, total)
+        expected = sum(correct) / sum(total)
+        given = ", ".join(f"({c}, {t}) on rank {r}" for r, (c, t) in enumerate(zip(correct, total)))
+        compare(f"global_accuracy(correct, total) with {given}", [expected] * n, got, atol=1e-9,
+                hint="all_reduce the sums: put correct and total in one tensor, "
+                     "dist.all_reduce(it), then divide the two sums. Averaging the ranks' own "
+                     "accuracies is wrong when they saw different numbers of samples.")
+    passed("global_accuracy(correct, total) sums hits and samples over all ranks.")
+
+
+# ------------------------------------------------------------ save_checkpoint
+def _call_save(student, path: str, delay: float) -> dict:
+    """On a rank: call ``save_checkpoint`` on a fresh DDP model, counting ``torch.save`` calls."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from ddplab.train import SmallCNN, device_for_this_rank, wrap
+
+    with torch.random.fork_rng(devices=[]):    # leave the student's random state alone
+        torch.manual_seed(1234)
+        model = wrap(SmallCNN(), device_for_this_rank())
+    calls = []
+    original = torch.save
+
+    def counting_save(obj, f, *args, **kwargs):
+        calls.append(dist.get_rank())
+        time.sleep(delay)      # a slow disk: a rank that does not wait for rank 0 returns first
+        return original(obj, f, *args, **kwargs)
+
+    torch.save = counting_save
+    try:
+        student(model, path)
+    finally:
+        torch.save = original
+    there = os.path.exists(path)
+    dist.barrier()             # every rank has returned; now compare with the file
+    loaded = ""
+    try:
+        fresh = SmallCNN()
+        fresh.load_state_dict(torch.load(path, map_location="cpu"))
+        same = all(torch.equal(a.cpu(), b) for a, b in
+                   zip(model.module.state_dict().values(), fresh.state_dict().values()))
+        loaded = "same weights" if same else "different weights"
+    except Exception as exc:   # a missing file, or a state dict a plain model refuses
+        loaded = f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
+    return {"saves": len(calls), "there": there, "loaded": loaded}
+
+
+def save_checkpoint(lab: Any = None, delay: float = 1.0) -> None:
+    """Check ``save_checkpoint(model, path)``: rank 0 alone writes; every rank waits for the file."""
+    lab = lab_or_current(lab)
+    n = lab.world_size
+    folder = tempfile.mkdtemp(prefix="ddplab-check-")
+    try:
+        path = os.path.join(folder, "checkpoint.pt")
+        got = _student("save_checkpoint", lab, _call_save, path, delay)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    compare("torch.save calls during save_checkpoint(model, path)", [1] + [0] * (n - 1),
+            [g["saves"] for g in got],
+            hint="every rank holds the same weights, so only rank 0 saves: "
+                 "if dist.get_rank() == 0: torch.save(...).")
+    compare("a plain SmallCNN loading the file", ["same weights"] * n, [g["loaded"] for g in got],
+            hint="save model.module.state_dict(): the weights of the model inside DDP, without "
+                 "the 'module.' prefix, so a plain model can load them.")
+    compare("the file exists when save_checkpoint returns", [True] * n, [g["there"] for g in got],
+            hint="the other ranks must wait until rank 0 has written: dist.barrier() after saving, "
+                 "on every rank.")
+    passed("only rank 0 writes the checkpoint, a plain model loads it, and no rank returns early.")

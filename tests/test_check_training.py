@@ -1,0 +1,204 @@
+"""Checkers of notebook 05 (DDP training): each accepts right answers and rejects wrong ones.
+
+The student's code runs on the ranks of a real 2-rank gloo lab, as the
+notebook's %%ranks exercise cells would, and the checker is called the way a
+check cell calls it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import ddplab
+from ddplab.check import training
+
+MODEL = """
+from torch.nn.parallel import DistributedDataParallel as DDP
+from ddplab.train import SmallCNN
+torch.manual_seed(rank)
+model = SmallCNN()
+"""
+
+
+def fails(checker, *needles: str) -> str:
+    """Run a checker that must reject the answer; return its message after checking key words."""
+    with pytest.raises(AssertionError) as info:
+        checker()
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+def last_line(capsys) -> str:
+    return capsys.readouterr().out.splitlines()[-1]
+
+
+def test_checkers_are_public_under_their_own_names():
+    for name in training.__all__:
+        assert getattr(ddplab.check, name) is getattr(training, name)
+        assert getattr(training, name).__doc__
+
+
+# ----------------------------------------------------------------- wrap_model
+def test_wrap_model_accepts_ddp(fresh_lab, capsys):
+    fresh_lab.run_cell(MODEL + "ddp_model = DDP(model)\n")
+    training.wrap_model()
+    assert last_line(capsys) == \
+        "Correct: ddp_model wraps model in DDP, and every rank holds rank 0's weights."
+
+
+def test_wrap_model_rejects_the_bare_model(fresh_lab):
+    fresh_lab.run_cell(MODEL + "ddp_model = model\n")
+    fails(training.wrap_model, "type(ddp_model).__name__ is wrong on ranks 0, 1",
+          "got      'SmallCNN'", "Hint: ddp_model = DDP(model")
+
+
+def test_wrap_model_rejects_data_parallel(fresh_lab):
+    fresh_lab.run_cell(MODEL + "ddp_model = torch.nn.DataParallel(model)\n")
+    fails(training.wrap_model, "got      'DataParallel'")
+
+
+def test_wrap_model_rejects_another_model(fresh_lab):
+    fresh_lab.run_cell(MODEL + "ddp_model = DDP(SmallCNN())\n")
+    fails(training.wrap_model, "ddp_model.module is model is wrong")
+
+
+def test_wrap_model_rejects_weights_changed_on_one_rank(fresh_lab):
+    fresh_lab.run_cell(MODEL + "ddp_model = DDP(model)\n"
+                       "if rank == 1:\n    torch.nn.init.zeros_(model.conv1.weight)\n")
+    message = fails(training.wrap_model, "the first weights of ddp_model is wrong on rank 1")
+    assert "rank 0: expected" in message and "<-- wrong" in message
+
+
+def test_wrap_model_needs_the_variable(fresh_lab):
+    fresh_lab.run_cell("ddp_model = None\ndel ddp_model\n")
+    fails(training.wrap_model, "no variable `ddp_model` on ranks 0, 1")
+
+
+# --------------------------------------------------------------- epoch_loader
+RIGHT_LOADER = """
+from torch.utils.data import DataLoader, DistributedSampler
+def epoch_loader(dataset, batch_size, epoch):
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    sampler.set_epoch(epoch)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+"""
+
+
+def test_epoch_loader_accepts_a_sampler_with_set_epoch(fresh_lab, capsys):
+    fresh_lab.run_cell(RIGHT_LOADER)
+    training.epoch_loader()
+    assert last_line(capsys) == ("Correct: each rank gets its own shard, the shards cover the data, "
+                                 "and the order changes every epoch.")
+
+
+def test_epoch_loader_rejects_the_missing_sampler(fresh_lab):
+    fresh_lab.run_cell("from torch.utils.data import DataLoader\n"
+                       "def epoch_loader(dataset, batch_size, epoch):\n"
+                       "    return DataLoader(dataset, batch_size=batch_size, shuffle=True)\n")
+    fails(training.epoch_loader, "samples per rank in epoch 0 is wrong on ranks 0, 1",
+          "expected 12", "got      24", "DistributedSampler")
+
+
+def test_epoch_loader_rejects_a_forgotten_set_epoch(fresh_lab):
+    fresh_lab.run_cell(RIGHT_LOADER.replace("    sampler.set_epoch(epoch)\n", ""))
+    fails(training.epoch_loader, "order changed from epoch 0 to epoch 1 is wrong", "set_epoch")
+
+
+def test_epoch_loader_rejects_seeds_that_differ_per_rank(fresh_lab):
+    fresh_lab.run_cell(RIGHT_LOADER.replace("seed=0", "seed=rank"))
+    fails(training.epoch_loader, "should be disjoint", "same sampler seed")
+
+
+def test_epoch_loader_rejects_a_lost_batch_size(fresh_lab):
+    fresh_lab.run_cell(RIGHT_LOADER.replace("batch_size=batch_size", "batch_size=1"))
+    fails(training.epoch_loader, "largest batch is wrong")
+
+
+def test_epoch_loader_needs_the_function(fresh_lab):
+    fresh_lab.run_cell("epoch_loader = 3\n")
+    fails(training.epoch_loader, "no function `epoch_loader` on ranks 0, 1")
+
+
+# ------------------------------------------------------------ global_accuracy
+def test_global_accuracy_accepts_summed_counts(fresh_lab, capsys):
+    fresh_lab.run_cell("def global_accuracy(correct, total):\n"
+                       "    t = torch.tensor([correct, total], dtype=torch.float64)\n"
+                       "    dist.all_reduce(t)\n"
+                       "    return (t[0] / t[1]).item()\n")
+    training.global_accuracy()
+    assert last_line(capsys) == \
+        "Correct: global_accuracy(correct, total) sums hits and samples over all ranks."
+
+
+def test_global_accuracy_rejects_the_local_accuracy(fresh_lab):
+    fresh_lab.run_cell("def global_accuracy(correct, total):\n    return correct / total\n")
+    fails(training.global_accuracy, "is wrong on ranks 0, 1", "all_reduce the sums")
+
+
+def test_global_accuracy_rejects_the_mean_of_accuracies(fresh_lab):
+    fresh_lab.run_cell("def global_accuracy(correct, total):\n"
+                       "    a = torch.tensor([correct / total])\n"
+                       "    dist.all_reduce(a, op=dist.ReduceOp.AVG)\n"
+                       "    return a\n")
+    fails(training.global_accuracy, "is wrong on ranks 0, 1", "different numbers of samples")
+
+
+def test_global_accuracy_rejects_summed_hits_over_local_total(fresh_lab):
+    fresh_lab.run_cell("def global_accuracy(correct, total):\n"
+                       "    c = torch.tensor([float(correct)])\n"
+                       "    dist.all_reduce(c)\n"
+                       "    return c / total\n")
+    fails(training.global_accuracy, "is wrong on ranks 0, 1")
+
+
+def test_global_accuracy_reports_a_raise(fresh_lab):
+    fresh_lab.run_cell("def global_accuracy(correct, total):\n    raise NotImplementedError()\n")
+    fails(training.global_accuracy, "raised an exception", "NotImplementedError")
+
+
+# ------------------------------------------------------------ save_checkpoint
+def test_save_checkpoint_accepts_rank_0_with_a_barrier(fresh_lab, capsys):
+    fresh_lab.run_cell("def save_checkpoint(model, path):\n"
+                       "    if dist.get_rank() == 0:\n"
+                       "        torch.save(model.module.state_dict(), path)\n"
+                       "    dist.barrier()\n")
+    training.save_checkpoint()
+    assert last_line(capsys) == ("Correct: only rank 0 writes the checkpoint, a plain model loads "
+                                 "it, and no rank returns early.")
+
+
+def test_save_checkpoint_rejects_every_rank_saving(fresh_lab):
+    fresh_lab.run_cell("def save_checkpoint(model, path):\n"
+                       "    torch.save(model.module.state_dict(), path)\n"
+                       "    dist.barrier()\n")
+    message = fails(training.save_checkpoint, "torch.save calls during save_checkpoint(model, path) "
+                    "is wrong on rank 1", "only rank 0 saves")
+    assert "rank 1: expected 0" in message
+
+
+def test_save_checkpoint_rejects_the_wrong_rank(fresh_lab):
+    fresh_lab.run_cell("def save_checkpoint(model, path):\n"
+                       "    if dist.get_rank() == 1:\n"
+                       "        torch.save(model.module.state_dict(), path)\n"
+                       "    dist.barrier()\n")
+    fails(training.save_checkpoint, "is wrong on ranks 0, 1")
+
+
+def test_save_checkpoint_rejects_the_ddp_state_dict(fresh_lab):
+    fresh_lab.run_cell("def save_checkpoint(model, path):\n"
+                       "    if dist.get_rank() == 0:\n"
+                       "        torch.save(model.state_dict(), path)\n"
+                       "    dist.barrier()\n")
+    fails(training.save_checkpoint, "a plain SmallCNN loading the file is wrong",
+          "RuntimeError", "module.state_dict()")
+
+
+def test_save_checkpoint_rejects_a_missing_barrier(fresh_lab):
+    fresh_lab.run_cell("def save_checkpoint(model, path):\n"
+                       "    if dist.get_rank() == 0:\n"
+                       "        torch.save(model.module.state_dict(), path)\n")
+    message = fails(training.save_checkpoint, "the file exists when save_checkpoint returns is wrong "
+                    "on rank 1", "dist.barrier()")
+    assert "rank 0: expected True" in message
