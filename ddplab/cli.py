@@ -1,4 +1,9 @@
-"""The ``ddplab`` command: ``ddplab doctor`` checks that this machine can run a lab."""
+"""The ``ddplab`` command.
+
+    ddplab doctor                                  # can this machine run a lab?
+    ddplab release notebooks/ -o release/          # student versions: solutions become stubs
+    ddplab grade submitted/ --reference notebooks/ --csv grades.csv --junit grades.xml
+"""
 
 from __future__ import annotations
 
@@ -48,13 +53,73 @@ def _all_reduce_rank() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddplab", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ddplab", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="check torch, backends and GPUs, and self-test a 2-rank lab")
+    rel = sub.add_parser("release", help="write student versions: solution blocks become stubs")
+    rel.add_argument("notebooks", nargs="+", help="course notebooks, or folders of them")
+    rel.add_argument("-o", "--output", required=True, help="folder for the student versions")
+    gr = sub.add_parser("grade", help="grade submitted notebooks against the reference outputs")
+    gr.add_argument("submissions", nargs="+", help="submitted notebooks, or folders of them")
+    gr.add_argument("--reference", required=True,
+                    help="the course's notebooks folder (matched by file name), or one notebook")
+    gr.add_argument("--jobs", type=int, default=None,
+                    help="submissions graded at once (default: the machine's cores)")
+    gr.add_argument("--cell-timeout", type=float, default=None,
+                    help="seconds a cell may run before it is stopped (default 120)")
+    gr.add_argument("--csv", help="also write the grades as CSV to this file")
+    gr.add_argument("--junit", help="also write JUnit XML (one test case per exercise) to this file")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return doctor()
+    if args.command == "release":
+        return release(args)
+    if args.command == "grade":
+        return grade(args)
     return 2
+
+
+def release(args) -> int:
+    """Write the student version of each notebook; exit 2 with the reason if one is unfit."""
+    from ddplab.release import ReleaseError, release as write
+
+    try:
+        written = write(args.notebooks, args.output)
+    except (ReleaseError, FileNotFoundError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"released {path}")
+    return 0
+
+
+def grade(args) -> int:
+    """Grade, print the table, write CSV/JUnit; exit 0 if every exercise passed, else 1."""
+    from ddplab import report
+    from ddplab.grade import DEFAULT_CELL_TIMEOUT, GradeError, grade as run
+
+    def progress(g) -> None:
+        done = g.error or f"{g.score}/{len(g.marks)} in {g.seconds:.0f} s"
+        print(f"graded {g.student} ({g.notebook}): {done}", file=sys.stderr, flush=True)
+
+    timeout = args.cell_timeout if args.cell_timeout else DEFAULT_CELL_TIMEOUT
+    begin = time.perf_counter()
+    try:
+        grades = run(args.submissions, args.reference, jobs=args.jobs, cell_timeout=timeout,
+                     progress=progress)
+    except GradeError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(report.table(grades), end="")
+    print(f"\n{len(grades)} submissions graded in {time.perf_counter() - begin:.0f} s")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            f.write(report.to_csv(grades))
+    if args.junit:
+        with open(args.junit, "w") as f:
+            f.write(report.to_junit(grades))
+    return 0 if all(not g.error and g.score == len(g.marks) for g in grades) else 1
 
 
 if __name__ == "__main__":

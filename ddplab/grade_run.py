@@ -1,0 +1,252 @@
+"""Run one submission's cells in a kernel of its own, and survive what students write.
+
+``ddplab.grade`` turns a submission into a list of ``Step``s (the student's
+cells, with the reference check cells in place of the student's copies);
+``execute`` runs them one by one in a fresh Jupyter kernel through nbclient,
+nbval's own executor library, and records each cell's status and outputs.
+
+What can go wrong in a cell, and what happens:
+
+- it raises (also ``RankError`` from a rank): recorded; the next cell runs.
+- a deadlock on the ranks: ddplab's ``HangError`` after the lab's timeout;
+  the lab is then broken, so the kernel is recovered (below).
+- it runs past the per-cell timeout (an infinite loop): the kernel is killed
+  and recovered.
+- the kernel dies (a crash, ``os._exit``), or an engine dies: recovered.
+
+Recovering means: kill the kernel (its lab's engines and controller exit with
+it, see ``ddplab.guard``), start a new one, and replay the cells before the
+failure, with the reference solution in place of every exercise already
+failed, so the exercises after it are graded on a correct state. A cell
+that fails during the replay is not graded again; if the replay itself
+cannot finish, the remaining cells are marked not run.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from importlib import resources
+
+import nbformat
+import psutil
+
+# Output fields that never match run to run; nbval skips the same ones
+# (plus images, which it compares only with nbdime).
+SKIP_COMPARE = {"metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
+                "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg"}
+# Asked after a cell failed: is the lab this kernel started still usable?
+PROBE = """\
+def _ddplab_grade_probe():
+    import ddplab.cluster as cluster
+    lab = cluster._current
+    if lab is None or not lab.running:
+        return "ok"
+    try:
+        lab._ready()
+    except Exception:
+        return "broken"
+    return "ok"
+print("ddplab-probe:", _ddplab_grade_probe())
+del _ddplab_grade_probe"""
+
+
+@dataclass
+class Step:
+    """One cell to run, and what came of it."""
+    source: str
+    role: str = "other"          # "exercise", "check" or "other"
+    name: str = ""               # the exercise, for exercise and check steps
+    cell_id: str = ""
+    reference_source: str = ""   # exercise steps: the reference solution, used when replaying
+    status: str = "pending"      # ok, error, timeout, died, not run
+    error: str = ""              # a short reason when status is not ok
+    outputs: list = field(default_factory=list)
+
+
+def sanitize_patterns() -> list[tuple[str, str]]:
+    """The (regex, replacement) pairs of the sanitize file shipped with ddplab."""
+    from nbval.plugin import get_sanitize_patterns
+    text = resources.files("ddplab").joinpath("nbval_sanitize.cfg").read_text()
+    return get_sanitize_patterns(text)
+
+
+def sanitize(value, patterns):
+    if not isinstance(value, str):
+        return value
+    for regex, replacement in patterns:
+        value = re.sub(regex, replacement, value)
+    return value
+
+
+def comparable(outputs: list, patterns) -> dict[str, list]:
+    """Outputs in nbval's comparison form: per field (stream name, MIME type), the sanitized values.
+
+    Unlike nbval, a stream that sanitizes to nothing (a torch warning line on
+    stderr) counts as no output at all.
+    """
+    from nbval.plugin import coalesce_streams
+    flat: dict[str, list] = defaultdict(list)
+    for out in coalesce_streams([nbformat.from_dict(copy.deepcopy(o)) for o in outputs]):
+        if out.output_type == "stream":
+            text = sanitize(out.text, patterns)
+            if text.strip():
+                flat[out.name].append(text)
+            continue
+        for key, value in out.items():
+            if key == "data":
+                for mime, data in value.items():
+                    if mime not in SKIP_COMPARE:
+                        flat[mime].append(sanitize(data, patterns))
+            elif key not in SKIP_COMPARE:
+                flat[key].append(sanitize(value, patterns))
+    return dict(flat)
+
+
+def difference(expected: list, got: list, patterns) -> str:
+    """'' if ``got`` matches ``expected`` the way nbval compares them, else a short description."""
+    want, have = comparable(expected, patterns), comparable(got, patterns)
+    if want == have:
+        return ""
+    for key in sorted(set(want) | set(have)):
+        if want.get(key) != have.get(key):
+            return (f"output differs from the reference: expected {_first_line(want.get(key))}, "
+                    f"got {_first_line(have.get(key))}")
+    return "output differs from the reference"
+
+
+def _first_line(values) -> str:
+    if not values:
+        return "nothing"
+    text = str(values[0]).strip().splitlines() or [""]
+    line = text[0] if len(text[0]) <= 70 else text[0][:67] + "..."
+    return repr(line) + (" ..." if len(text) > 1 or len(values) > 1 else "")
+
+
+def reason(ename: str, evalue: str) -> str:
+    """A one-line reason from an error: for a RankError, what the rank raised."""
+    lines = [line.strip() for line in evalue.strip().splitlines() if line.strip()]
+    if ename == "RankError":
+        blocks = re.split(r"^--- rank (\d+) ---$", evalue, flags=re.M)
+        if len(blocks) >= 3:
+            tail = [line.strip() for line in blocks[2].split("\nMeanwhile:")[0].splitlines()
+                    if line.strip()]
+            return _short(f"rank {blocks[1]} raised {tail[-1] if tail else 'an error'}")
+    if ename == "HangError":
+        stuck = [line for line in lines[1:] if line.startswith("rank ") and "still" in line]
+        return _short("HangError: a deadlock (ranks waited for each other past the lab's "
+                      "timeout)" + (f"; {stuck[0]}" if stuck else ""))
+    return _short(f"{ename}: {lines[0]}" if lines else ename)
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Kernel:
+    """One Jupyter kernel driven through nbclient; ``stop`` leaves no process behind."""
+
+    def __init__(self, cwd: str, cell_timeout: float) -> None:
+        from nbclient import NotebookClient
+        self.cell_timeout = cell_timeout
+        self.client = NotebookClient(nbformat.v4.new_notebook(), timeout=int(cell_timeout),
+                                     allow_errors=True, interrupt_on_timeout=False,
+                                     kernel_name="python3", shutdown_kernel="immediate",
+                                     resources={"metadata": {"path": cwd}})
+        self.client.km = self.client.create_kernel_manager()
+        self.client.start_new_kernel()
+        self.client.start_new_kernel_client()
+
+    def run(self, source: str) -> tuple[str, list, str]:
+        """Run cell source; return (status, outputs, reason)."""
+        from nbclient.exceptions import CellTimeoutError, DeadKernelError
+        cell = nbformat.v4.new_code_cell(source)
+        self.client.nb.cells = [cell]
+        try:
+            self.client.execute_cell(cell, 0)
+        except CellTimeoutError:
+            return ("timeout", cell.outputs, f"timed out after {self.cell_timeout:g} s "
+                    f"(an infinite loop, or a wait that never ends)")
+        except DeadKernelError:
+            return "died", cell.outputs, "the kernel died (a crash, or os._exit)"
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        if errors:
+            return "error", cell.outputs, reason(errors[0].ename, errors[0].evalue)
+        return "ok", cell.outputs, ""
+
+    def healthy(self) -> bool:
+        status, outputs, _ = self.run(PROBE)
+        text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+        return status == "ok" and "ddplab-probe: ok" in text
+
+    def stop(self) -> None:
+        """Kill the kernel and wait until every process it started (engines, controller) is gone."""
+        km = self.client.km
+        pid = getattr(getattr(km, "provisioner", None), "pid", None) if km else None
+        try:
+            family = psutil.Process(pid).children(recursive=True) if pid else []
+        except psutil.Error:
+            family = []
+        try:
+            self.client._cleanup_kernel()
+        except Exception:
+            pass
+        # ddplab's guard ends a lab within about a second of its kernel's death;
+        # whatever is still there after a generous wait is killed outright.
+        _, alive = psutil.wait_procs(family, timeout=15)
+        for process in alive:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+
+
+def execute(steps: list[Step], cwd: str, cell_timeout: float) -> None:
+    """Run ``steps`` in order, recording status, outputs and reasons on each."""
+    failed: set[str] = set()      # exercises already lost: replays use the reference solution
+    kernel = Kernel(cwd, cell_timeout)
+    try:
+        for index, step in enumerate(steps):
+            step.status, step.outputs, step.error = kernel.run(step.source)
+            if step.status != "ok" and step.role in ("exercise", "check"):
+                failed.add(step.name)
+            if step.status == "ok" or (step.status == "error" and kernel.healthy()):
+                continue
+            kernel.stop()
+            kernel = _replay(steps[:index + 1], failed, cwd, cell_timeout)
+            if kernel is None:
+                why = f"not run: the kernel could not be recovered after {_describe(step)} {step.status}"
+                for later in steps[index + 1:]:
+                    later.status, later.error = "not run", why
+                return
+    finally:
+        if kernel is not None:
+            kernel.stop()
+
+
+def _replay(done: list[Step], failed: set[str], cwd: str, cell_timeout: float) -> Kernel | None:
+    """A new kernel in the state after ``done``, or None if the replay itself fails."""
+    kernel = Kernel(cwd, cell_timeout)
+    for step in done:
+        if step.role == "exercise" and step.name in failed:
+            source = step.reference_source
+        elif step.role == "other" and step.status != "ok":
+            continue                       # the student's cell that broke things: not again
+        else:
+            source = step.source
+        status, _, _ = kernel.run(source)
+        if status in ("timeout", "died"):
+            kernel.stop()
+            return None
+    if not kernel.healthy():
+        kernel.stop()
+        return None
+    return kernel
+
+
+def _describe(step: Step) -> str:
+    return f"cell {step.cell_id}" if step.cell_id else "a cell"

@@ -1,0 +1,130 @@
+"""``ddplab release``: the student versions of the course notebooks.
+
+A course notebook holds the solutions, between two marker lines::
+
+    %%ranks
+    ### BEGIN SOLUTION
+    total = torch.tensor([10.0 * rank])
+    dist.all_reduce(total)
+    ### END SOLUTION
+
+The student version replaces each block, markers included, by nbgrader's stub
+(so courses that use nbgrader can take the notebooks as they are)::
+
+    %%ranks
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+and clears that cell's outputs, which would give the answer away. Every other
+cell keeps its outputs; above all the check cells (id ``check-<name>``, tag
+``check``), whose reference outputs are what ``ddplab grade`` and nbval
+compare a student's run against. Cell ids and tags are kept, since grading
+finds the exercise and check cells by them.
+
+    ddplab release notebooks/ -o release/
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+BEGIN = "### BEGIN SOLUTION"
+END = "### END SOLUTION"
+STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
+
+
+class ReleaseError(ValueError):
+    """A course notebook whose solution markers cannot be turned into a stub."""
+
+
+def strip_solutions(source: str, where: str = "cell") -> str:
+    """``source`` with every solution block replaced by the stub, at the block's indentation.
+
+    Raises ``ReleaseError`` naming ``where`` if a block is opened and not
+    closed, or closed and not opened: releasing it would leak the solution.
+    """
+    lines, inside, indent = [], False, ""
+    for number, line in enumerate(source.splitlines(), start=1):
+        marker = line.strip()
+        if marker == BEGIN:
+            if inside:
+                raise ReleaseError(f"ddplab release: {where} line {number} opens a second "
+                                   f"'{BEGIN}' before '{END}'. Close each block before the next.")
+            inside, indent = True, line[: len(line) - len(line.lstrip())]
+            lines += [indent + stub for stub in STUB]
+        elif marker == END:
+            if not inside:
+                raise ReleaseError(f"ddplab release: {where} line {number} has '{END}' without "
+                                   f"'{BEGIN}' above it. Add the opening marker.")
+            inside = False
+        elif not inside:
+            lines.append(line)
+    if inside:
+        raise ReleaseError(f"ddplab release: {where} has '{BEGIN}' but no '{END}', so the "
+                           f"solution would be released. Add '{END}' after the solution.")
+    return "\n".join(lines)
+
+
+def has_solution(cell) -> bool:
+    return cell.cell_type == "code" and any(line.strip() == BEGIN
+                                            for line in cell.source.splitlines())
+
+
+def release_notebook(nb, name: str = "notebook"):
+    """The student version of notebook ``nb`` (a new object; ``nb`` is not changed)."""
+    student = nbformat.from_dict(nb)   # a deep copy
+    for index, cell in enumerate(student.cells):
+        if cell.cell_type != "code":
+            continue
+        where = f"{name}, cell {cell.get('id', index)}"
+        if has_solution(cell):
+            cell.source = strip_solutions(cell.source, where)
+            cell.outputs, cell.execution_count = [], None
+        elif "exercise" in cell.metadata.get("tags", []):
+            raise ReleaseError(f"ddplab release: {where} is tagged 'exercise' but has no "
+                               f"'{BEGIN}' / '{END}' block, so students would get the answer. "
+                               f"Put the solution between the markers.")
+        else:
+            strip_solutions(cell.source, where)    # a stray END marker is a mistake too
+    return student
+
+
+def notebooks_in(paths: list[str | Path]) -> list[Path]:
+    """The ``.ipynb`` files named, and those inside named folders (sorted, no checkpoints)."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+        elif path.suffix == ".ipynb" and path.is_file():
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"ddplab: {path} is neither a notebook (.ipynb) nor a folder. "
+                                    f"Name notebooks or folders that hold them.")
+    return found
+
+
+def release(paths: list[str | Path], out_dir: str | Path) -> list[Path]:
+    """Write the student version of each notebook into ``out_dir``; return the files written.
+
+    Every notebook is checked before any file is written, so a mistake in one
+    never leaves a half-released course.
+    """
+    out_dir = Path(out_dir)
+    sources = notebooks_in(paths)
+    if not sources:
+        raise FileNotFoundError(f"ddplab release: no notebooks in {', '.join(map(str, paths))}.")
+    names = [p.name for p in sources]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ReleaseError(f"ddplab release: two notebooks are named {twice[0]}; released "
+                           f"notebooks share one folder, so give them different names.")
+    students = [release_notebook(nbformat.read(p, as_version=4), p.name) for p in sources]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path, nb in zip(sources, students):
+        target = out_dir / path.name
+        nbformat.write(nb, target)
+        written.append(target)
+    return written
