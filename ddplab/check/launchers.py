@@ -1,5 +1,125 @@
-"""Checkers for notebook exercises (see _core for the shared behaviour)."""
+"""Checkers for notebook 03 (init methods and launchers); see _core for the shared behaviour.
+
+    ddplab.check.store_barrier(store_barrier)             # run on the ranks, with a real TCPStore
+    ddplab.check.global_rank(global_rank, two_nodes)      # against what torchrun really set
+    ddplab.check.launcher_env(launcher_env, two_nodes)
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from typing import Any, Callable
+
+from ._core import compare, lab_or_current, passed
+
+__all__ = ["global_rank", "launcher_env", "store_barrier"]
+
+#: The variables a launcher sets for every worker (the env:// contract).
+ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+# ------------------------------------------------------------------ store_barrier
+def _loopback_store(timeout_s: float):
+    """A TCPStore server in this process, on a free port of 127.0.0.1 only; (store, port)."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout_s),
+                          master_listen_fd=listener.fileno())
+    listener.detach()          # the store owns the socket now, and closes it when it goes
+    return store, port
+
+
+def _barrier_round(fn: Callable, port: int, prefix: str, world_size: int, timeout_s: float) -> str:
+    """On a rank: call the student's barrier on a fresh PrefixStore; say how it ended."""
+    import datetime
+
+    import torch.distributed as dist
+    client = dist.TCPStore("127.0.0.1", port, is_master=False,
+                           timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        fn(dist.PrefixStore(prefix, client), world_size)
+        return "returned"
+    except dist.DistStoreError as exc:
+        return "timed out" if "timeout" in str(exc).lower() else f"raised DistStoreError: {exc}"
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any other failure is the student's, shown per rank
+        return f"raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+
+
+def store_barrier(fn: Callable, lab: Any = None) -> None:
+    """Check ``fn(store, world_size)``, a barrier built from a store's add and wait.
+
+    Round 1 and 2: every rank calls it (each round on a fresh PrefixStore of one
+    TCPStore); all must return. Round 3: only rank 0 calls it, with a 3 s store
+    timeout; a barrier must not return while a rank is missing, so the store's
+    wait has to time out.
+    """
+    lab = lab_or_current(lab)
+    n = lab.world_size
+    server, port = _loopback_store(60)
+    try:
+        for round_ in (1, 2):
+            got = lab.run(_barrier_round, fn, port, f"check/round{round_}", n, 20.0, timeout=60)
+            compare(f"store_barrier with all {n} ranks arriving (round {round_})",
+                    ["returned"] * n, got,
+                    hint="the last rank to arrive (add returns world_size) must set a key that "
+                         "every rank waits for with store.wait([...]).")
+        alone = lab.run(_barrier_round, fn, port, "check/alone", n, 3.0, ranks=[0], timeout=60)
+        compare(f"store_barrier with only rank 0 of {n} arriving", ["timed out"], [alone[0]],
+                hint="a barrier must not return until every rank has arrived: wait on a key "
+                     "only the last arrival sets, so the store's timeout ends the wait.")
+    finally:
+        del server             # stop listening now, not whenever the garbage collector runs
+    passed(f"the barrier waits for all {n} ranks, and times out when one is missing.")
+
+
+# ------------------------------------------------------- global_rank, launcher_env
+def _workers(launch: Any) -> list[dict]:
+    reports = getattr(launch, "reports", None)
+    if not reports:
+        raise AssertionError("the launch has no reports: run the two-node torchrun cell above "
+                             "(two_nodes = launch.torchrun(...)) first.")
+    return [reports[rank] for rank in sorted(reports)]
+
+
+def global_rank(fn: Callable, launch: Any) -> None:
+    """Check ``fn(node_rank, local_rank, nproc_per_node)`` against torchrun's own RANK.
+
+    First against every worker of the real two-node launch, then against a
+    3-node x 4-process layout numbered node by node, as torchrun numbers them.
+    """
+    workers = _workers(launch)
+    expected = [int(w["RANK"]) for w in workers]
+    got = [fn(int(w["GROUP_RANK"]), int(w["LOCAL_RANK"]), int(w["LOCAL_WORLD_SIZE"]))
+           for w in workers]
+    hint = "all of node 0's processes come first, then node 1's, and so on."
+    compare("global rank of torchrun's workers", expected, got, hint=hint)
+    layout = [(node, local) for node in range(3) for local in range(4)]
+    compare("global rank in a 3-node x 4-process job", list(range(len(layout))),
+            [fn(node, local, 4) for node, local in layout], hint=hint)
+    passed("global rank = node_rank * nproc_per_node + local_rank, as torchrun numbers them.")
+
+
+def launcher_env(fn: Callable, launch: Any) -> None:
+    """Check ``fn(node_rank, local_rank, nnodes, nproc_per_node, master_addr, master_port)``,
+    a dict of the env:// variables, against what torchrun gave each worker of the launch."""
+    workers = _workers(launch)
+    nnodes = len(launch.commands)
+    expected, got = [], []
+    for w in workers:
+        expected.append({k: w[k] for k in ENV_KEYS})
+        answer = fn(int(w["GROUP_RANK"]), int(w["LOCAL_RANK"]), nnodes, int(w["LOCAL_WORLD_SIZE"]),
+                    w["MASTER_ADDR"], int(w["MASTER_PORT"]))
+        got.append({k: answer.get(k, "<missing>") for k in ENV_KEYS}
+                   if isinstance(answer, dict) else answer)
+    compare("the environment of torchrun's workers", expected, got,
+            hint="environment variables are strings (str(...)); WORLD_SIZE counts the processes "
+                 "of every node, LOCAL_WORLD_SIZE those of one node.")
+    passed("your launcher sets the same env:// variables as torchrun on every worker.")

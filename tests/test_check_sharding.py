@@ -1,0 +1,99 @@
+"""The notebook 04 checkers against one right and several wrong answers, on real engines."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import ddplab
+
+
+def right_shard(n, rank, world_size):
+    return list(range(rank, n - n % world_size, world_size))
+
+
+def blocks_shard(n, rank, world_size):            # contiguous blocks, not interleaved
+    size = n // world_size
+    return list(range(rank * size, (rank + 1) * size))
+
+
+def no_drop_shard(n, rank, world_size):           # i % world_size == rank: keeps the tail
+    return [i for i in range(n) if i % world_size == rank]
+
+
+@pytest.mark.parametrize("fixture", ["fresh_lab", "fresh_lab4"])
+def test_offset_sharder_accepts_the_sampler_indices(fixture, request, capsys):
+    request.getfixturevalue(fixture)
+    ddplab.check.offset_sharder(right_shard)
+    assert capsys.readouterr().out.splitlines()[-1].startswith("Correct: your sharder gives every")
+
+
+@pytest.mark.parametrize("wrong,ranks", [(blocks_shard, "ranks 0, 1"), (no_drop_shard, "rank 0")])
+def test_offset_sharder_rejects(fresh_lab, wrong, ranks):
+    with pytest.raises(AssertionError, match=rf"(?s)is wrong on {ranks}\..*Hint: start at offset"):
+        ddplab.check.offset_sharder(wrong)
+
+
+RIGHT_LOOP = """
+from torch.utils.data import DistributedSampler
+sampler = DistributedSampler(list(range(12)), shuffle=True, seed=0)
+orders = []
+for epoch in range(3):
+    sampler.set_epoch(epoch)
+    orders.append(list(sampler))
+"""
+
+
+def test_epoch_orders_accepts_set_epoch(fresh_lab, capsys):
+    fresh_lab.run_cell(RIGHT_LOOP)
+    ddplab.check.epoch_orders()
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        "Correct: a new order every epoch, the same on every rank's view of the dataset."
+
+
+@pytest.mark.parametrize("edit,hint", [
+    (("    sampler.set_epoch(epoch)\n", ""), "every epoch has the same order: call sampler.set_epoch"),
+    (("set_epoch(epoch)", "set_epoch(0)"), "every epoch has the same order"),
+    (("seed=0", "seed=rank"), "use DistributedSampler"),
+    (("shuffle=True", "shuffle=False"), "the indices come in order, unshuffled"),
+])
+def test_epoch_orders_rejects(fresh_lab, edit, hint):
+    fresh_lab.run_cell(RIGHT_LOOP.replace(*edit))
+    with pytest.raises(AssertionError, match=rf"(?s)orders \(the indices of each of 3 epochs\) is wrong.*Hint: {hint}"):
+        ddplab.check.epoch_orders()
+
+
+def test_epoch_orders_names_a_missing_variable(fresh_lab):
+    fresh_lab.run_cell("orders = None\ndel orders\norders_typo = []")
+    with pytest.raises(AssertionError, match="no variable `orders`"):
+        ddplab.check.epoch_orders()
+
+
+def right_share(n, world_size, drop_last):
+    per_rank = n // world_size if drop_last else math.ceil(n / world_size)
+    total = per_rank * world_size
+    return per_rank, max(0, total - n), max(0, n - total)
+
+
+def floor_share(n, world_size, drop_last):          # forgets the padding
+    per_rank = n // world_size
+    return per_rank, 0, n - per_rank * world_size
+
+
+def swapped_share(n, world_size, drop_last):
+    per_rank, padded, dropped = right_share(n, world_size, drop_last)
+    return per_rank, dropped, padded
+
+
+@pytest.mark.parametrize("fixture", ["fresh_lab", "fresh_lab4"])
+def test_rank_share_accepts_the_samplers_counts(fixture, request, capsys):
+    request.getfixturevalue(fixture)
+    ddplab.check.rank_share(right_share)
+    assert capsys.readouterr().out.splitlines()[-1].startswith("Correct: every rank's share")
+
+
+@pytest.mark.parametrize("wrong", [floor_share, swapped_share])
+def test_rank_share_rejects(fresh_lab, wrong):
+    with pytest.raises(AssertionError, match=r"rank_share for .* is wrong on ranks 0, 1"):
+        ddplab.check.rank_share(wrong)
