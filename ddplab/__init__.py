@@ -14,6 +14,7 @@ See ``ddplab.cluster`` for the lab's lifecycle and its failure modes.
 
 from . import check
 from .cluster import Lab, current, start
+from .multihost import attach
 from .errors import ConfigError, DdplabError, EngineDiedError, HangError, RankError
 from .magics import load_ipython_extension
 from .show import Picture, show
@@ -26,6 +27,7 @@ __all__ = [
     "Lab",
     "Picture",
     "RankError",
+    "attach",
     "check",
     "current",
     "load_ipython_extension",

@@ -286,6 +286,13 @@ def test_traffic_stays_on_the_namespaces_addresses(hosts_lab):
                 assert c.laddr.ip in (network.root_ip, "127.0.0.1"), c
 
 
+def test_curve_on_and_signing_kept(hosts_lab):
+    """The connection file the ranks and the kernel used: CurveZMQ key and HMAC key both set."""
+    import json
+    info = json.load(open(f"{hosts_lab[3]['dir']}/security/ipcontroller-netns-client.json"))
+    assert info["curve_serverkey"] and info["key"] and info["signature_scheme"].startswith("hmac")
+
+
 def _timed_all_reduce(nbytes: int, repeats: int):
     import time
 
