@@ -193,13 +193,15 @@ def _check_count(value: object, name: str, what: str) -> None:
 
 
 def command_line(launch: Launch, index: int = 0) -> str:
-    """A launch's command as you would type it, with ``torchrun`` for its module form."""
+    """A launch's command as you would type it in the script's folder (``torchrun`` for
+    ``python -m torch.distributed.run``)."""
     words = list(launch.commands[index])
     if words[:3] == [sys.executable, "-m", "torch.distributed.run"]:
         words = ["torchrun"] + words[3:]
     elif words[0] == sys.executable:
         words[0] = "python"
-    return " ".join(words)
+    # A script's folder differs per run (often a temporary one): show its name only.
+    return " ".join(os.path.basename(w) if os.path.isabs(w) else w for w in words)
 
 
 # ----------------------------------------------------------------- the runner

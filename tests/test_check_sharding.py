@@ -49,7 +49,7 @@ def test_epoch_orders_accepts_set_epoch(fresh_lab, capsys):
     fresh_lab.run_cell(RIGHT_LOOP)
     ddplab.check.epoch_orders()
     assert capsys.readouterr().out.splitlines()[-1] == \
-        "Correct: a new order every epoch, the same on every rank's view of the dataset."
+        "Correct: a new shuffle every epoch, exactly as DistributedSampler gives it with set_epoch."
 
 
 @pytest.mark.parametrize("edit,hint", [

@@ -74,7 +74,7 @@ def epoch_orders(lab: Any = None) -> None:
         hint = (f"use DistributedSampler(list(range({ORDERS_N})), shuffle=True, seed={ORDERS_SEED}) "
                 f"and call sampler.set_epoch(epoch) before each epoch.")
     compare(f"orders (the indices of each of {ORDERS_EPOCHS} epochs)", expected, got, hint=hint)
-    passed("a new order every epoch, the same on every rank's view of the dataset.")
+    passed("a new shuffle every epoch, exactly as DistributedSampler gives it with set_epoch.")
 
 
 # -------------------------------------------------------------------- rank_share
