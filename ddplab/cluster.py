@@ -402,7 +402,7 @@ class Lab:
                 for task in tasks:
                     if task.outcome is None and task.result.ready():
                         task.outcome = task.result.get()
-                board.update({t.rank: t.result.data for t in tasks})
+                board.update({t.rank: t.result for t in tasks})
                 undone = [t for t in tasks if t.outcome is None]
                 if not undone:
                     return "done"

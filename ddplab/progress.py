@@ -31,6 +31,8 @@ from typing import Any
 KEY = "ddplab_progress"
 #: Seconds between two published updates of one rank (the last step always goes out).
 MIN_INTERVAL = 0.1
+#: How long the kernel waits, once per finished rank, for its last update to arrive.
+FLUSH_TIMEOUT = 2.0
 _last_sent = {"time": -math.inf}
 
 
@@ -87,28 +89,39 @@ def headline(ranks: list[int]) -> str:
 class Board:
     """The kernel's view of every rank's progress during one wait of the lab.
 
-    ``update({rank: data})`` takes each rank's AsyncResult ``.data``; nothing
-    is shown until some rank has reported. A failure to draw is swallowed:
-    a progress bar must never be the reason a training run fails.
+    ``update({rank: async_result})`` reads each rank's ipyparallel
+    AsyncResult ``.data``; nothing is shown until some rank has reported. A
+    failure to draw is swallowed: a progress bar must never be the reason a
+    training run fails.
     """
 
     def __init__(self) -> None:
         self._view: _WidgetView | _TextView | None = None
+        self._flushed: set[int] = set()
         self._broken = False
 
-    def update(self, data_by_rank: dict[int, dict]) -> None:
+    def update(self, results: dict[int, Any]) -> None:
         if self._broken:
             return
-        records = {rank: data[KEY] for rank, data in data_by_rank.items()
-                   if data and KEY in data}
-        if not records:
-            return
         try:
+            if self._view is not None:
+                self._flush(results)
+            records = {rank: result.data[KEY] for rank, result in results.items()
+                       if KEY in (result.data or {})}
+            if not records:
+                return
             if self._view is None:
-                self._view = _make_view(sorted(data_by_rank))
+                self._view = _make_view(sorted(results))
             self._view.update(records)
         except Exception:
             self._broken = True
+
+    def _flush(self, results: dict[int, Any]) -> None:
+        """A rank's result can arrive before its last data message: wait for those, once."""
+        for rank, result in results.items():
+            if rank not in self._flushed and result.ready():
+                result.wait_for_output(FLUSH_TIMEOUT)
+                self._flushed.add(rank)
 
 
 def _make_view(ranks: list[int]) -> "_WidgetView | _TextView":
