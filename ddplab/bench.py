@@ -224,9 +224,9 @@ def machine(lab: Any, sizes: Iterable[int | str] = ("4", "64K", "1M", "16M"), re
         raise ValueError("ddplab.bench.machine needs two ranks to send between; start a lab "
                          "with world_size=2 or more.")
     times = [lab.run(_pingpong_on_rank, m, repeats, ranks=[0, 1], timeout=600)[0] for m in sizes]
-    alpha, beta = _fit([[1.0, m] for m in sizes], times)
+    fit = _fit_positive([[1.0, m] for m in sizes], times)
     add = lab.run(_add_on_rank, max(sizes), repeats, ranks=[0], timeout=600)[0]
-    return {"alpha": alpha, "beta": beta, "beta_add": add / max(sizes),
+    return {**fit, "beta_add": add / max(sizes),
             "pingpong": dict(zip(sizes, times))}
 
 
@@ -250,7 +250,16 @@ def fit_ring(results: list[Result], name: str = "ring") -> dict:
     if len(times) < 2:
         raise ValueError(f"ddplab.bench.fit_ring needs {name!r} all_reduce times for at least two "
                          f"sizes on 2 or more ranks; run sweep() with more sizes first.")
+    return _fit_positive(rows, times)
+
+
+def _fit_positive(rows: list[list[float]], times: list[float]) -> dict:
+    """α and β by ``_fit``; a noisy run can make one negative, then fit the other alone."""
     alpha, beta = _fit(rows, times)
+    if alpha < 0:
+        alpha, beta = 0.0, _fit([[row[1]] for row in rows], times)[0]
+    elif beta < 0:
+        alpha, beta = _fit([[row[0]] for row in rows], times)[0], 0.0
     return {"alpha": alpha, "beta": beta}
 
 
@@ -279,8 +288,8 @@ def model_table(ring: dict, link: dict | None = None) -> str:
 
     def line(label, alpha, beta):
         alpha_text = "" if alpha is None else _spell_time(alpha)
-        lines.append(f"{label:<28} {alpha_text:>10} {beta * 1e9:>9.3f} ns/B"
-                     f" {1 / beta / 1e9 if beta > 0 else float('inf'):>7.2f} GB/s")
+        bandwidth = f"{1 / beta / 1e9:7.2f} GB/s" if beta > 0 else "  (noise)"
+        lines.append(f"{label:<28} {alpha_text:>10} {beta * 1e9:>9.3f} ns/B {bandwidth}")
 
     line("ring fit, per step", ring["alpha"], ring["beta"])
     if link:
@@ -290,28 +299,40 @@ def model_table(ring: dict, link: dict | None = None) -> str:
 
 
 def plot(results: list[Result]):
-    """Time and busbw against size, log-log, one line per implementation and world size."""
+    """Time and busbw against size, log-log: a row per collective, a colour per implementation,
+    a line style per world size."""
     import matplotlib.pyplot as plt
 
+    collectives = list(dict.fromkeys(r.collective for r in results))
+    names = list(dict.fromkeys(r.name for r in results))
+    world_sizes = sorted({r.world_size for r in results})
+    styles = dict(zip(world_sizes, ["--", "-", ":", "-."] if len(world_sizes) > 1 else ["-"]))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     # dpi 72: a notebook stores the picture, and this keeps it small.
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=72)
-    series: dict[tuple, list[Result]] = {}
-    for r in results:
-        series.setdefault((r.collective, r.name, r.world_size), []).append(r)
-    for (collective, name, world_size), points in series.items():
-        points.sort(key=lambda r: r.nbytes)
-        label = f"{name}, {world_size} ranks"
-        style = "-" if world_size == max(r.world_size for r in results) else "--"
-        x = [r.nbytes for r in points]
-        left.plot(x, [r.seconds for r in points], style, marker="o", ms=3, label=label)
-        right.plot(x, [r.busbw / 1e9 for r in points], style, marker="o", ms=3, label=label)
-    for axis, ylabel in ((left, "time per call (s)"), (right, "busbw (GB/s)")):
-        axis.set_xscale("log", base=2)
-        axis.set_yscale("log")
-        axis.set_xlabel("size (bytes)")
-        axis.set_ylabel(ylabel)
-        axis.grid(True, which="both", alpha=0.3)
-    right.legend(fontsize=7)
+    figure, axes = plt.subplots(len(collectives), 2, figsize=(10, 3.4 * len(collectives)),
+                                dpi=72, squeeze=False)
+    for row, collective in zip(axes, collectives):
+        left, right = row
+        for name in names:
+            for world_size in world_sizes:
+                points = sorted((r for r in results if (r.collective, r.name, r.world_size)
+                                 == (collective, name, world_size)), key=lambda r: r.nbytes)
+                if not points:
+                    continue
+                style = dict(linestyle=styles[world_size], marker="o", ms=3,
+                             color=colours[names.index(name) % len(colours)],
+                             label=f"{name}, {world_size} ranks")
+                x = [r.nbytes for r in points]
+                left.plot(x, [r.seconds for r in points], **style)
+                right.plot(x, [r.busbw / 1e9 for r in points], **style)
+        for axis, ylabel in ((left, "time per call (s)"), (right, "busbw (GB/s)")):
+            axis.set_xscale("log", base=2)
+            axis.set_yscale("log")
+            axis.set_xlabel("size (bytes)")
+            axis.set_ylabel(ylabel)
+            axis.set_title(collective)
+            axis.grid(True, which="both", alpha=0.3)
+        right.legend(fontsize=7)
     figure.tight_layout()
     return figure
 

@@ -43,6 +43,9 @@ def test_fit_ring_recovers_a_known_model():
     fit = bench.fit_ring(results)
     assert fit["alpha"] == pytest.approx(alpha, rel=1e-6)
     assert fit["beta"] == pytest.approx(beta, rel=1e-6)
+    # Noise that would make α negative: α is taken as 0 and β fitted alone.
+    noisy = [bench.Result("all_reduce", "ring", 2, m, t) for m, t in ((4096, 1e-6), (1 << 20, 2e-3))]
+    assert bench.fit_ring(noisy)["alpha"] == 0.0 and bench.fit_ring(noisy)["beta"] > 0
     with pytest.raises(ValueError, match="at least two sizes"):
         bench.fit_ring(results[:1])
 
@@ -86,12 +89,16 @@ def test_machine_measures_a_link_and_an_add(fresh_lab):
 def test_plot_draws_time_and_busbw():
     import matplotlib
     matplotlib.use("Agg")
-    results = [bench.Result("all_reduce", name, 2, m, m * 1e-9 + 1e-5)
-               for name in ("ring", "dist.all_reduce") for m in (4096, 1 << 20)]
+    results = [bench.Result("all_reduce", name, p, m, m * 1e-9 + 1e-5)
+               for name in ("ring", "dist.all_reduce") for p in (2, 4) for m in (4096, 1 << 20)]
+    results.append(bench.Result("broadcast", "dist.broadcast", 2, 4096, 1e-5))
     figure = bench.plot(results)
-    left, right = figure.axes
+    left, right, below, _ = figure.axes                      # a row per collective
     assert left.get_ylabel() == "time per call (s)" and right.get_ylabel() == "busbw (GB/s)"
-    assert len(right.lines) == 2
+    assert left.get_title() == "all_reduce" and below.get_title() == "broadcast"
+    assert len(right.lines) == 4                             # 2 implementations x 2 world sizes
+    ring2, ring4 = right.lines[0], right.lines[1]
+    assert ring2.get_color() == ring4.get_color() and ring2.get_linestyle() != ring4.get_linestyle()
 
 
 def test_command_line_prints_a_table():
