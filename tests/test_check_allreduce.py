@@ -166,6 +166,15 @@ def test_recursive_doubling_checker(fresh_lab4, capsys):
         check.recursive_doubling_all_reduce(naive_without_broadcast)
 
 
+def test_the_students_stub_fails_naming_the_case(fresh_lab):
+    def stub(tensor):
+        raise NotImplementedError()
+
+    with pytest.raises(ddplab.RankError, match=r"ring_all_reduce raised on the case shape=\[1\], "
+                                               r"dtype=float32, seed=0 \(rank 0\): NotImplementedError"):
+        check.ring_all_reduce(stub)
+
+
 def test_not_a_function_is_refused_with_the_fix(fresh_lab):
     with pytest.raises(AssertionError, match=r"ddplab.check.ring_all_reduce\(my_ring_all_reduce\)"):
         check.ring_all_reduce(None)
