@@ -22,8 +22,11 @@ lab: install
 	$(BIN)/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 $(ROOT_FLAG)
 
 # The unit and integration tests, then nbval over every notebook, in one pytest run.
+# The browser test needs Debian's Chromium: installed here when missing (apt-get, as
+# root, as on CI), and required, so a machine without it fails rather than skips.
 test: install
-	$(BIN)/python -m pytest tests notebooks --nbval --nbval-cell-timeout=300 \
+	bash tools/ensure_chromium.sh
+	DDPLAB_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests notebooks --nbval --nbval-cell-timeout=300 \
 		--nbval-sanitize-with ddplab/nbval_sanitize.cfg
 
 bench: install
