@@ -58,7 +58,7 @@ class Config:
 
 
 class SmallCNN(nn.Module):
-    """Two 3x3 convolutions, a 2x2 max-pool and two linear layers: 38k weights.
+    """Two 3x3 convolutions, a 2x2 max-pool and two linear layers: 38,282 weights.
 
     8x8 digits: (1, 8, 8) -> conv (16, 8, 8) -> conv (32, 8, 8) -> pool (32, 4, 4)
     -> linear 64 -> linear 10 class scores.
