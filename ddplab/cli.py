@@ -112,7 +112,8 @@ def grade(args) -> int:
         print(e, file=sys.stderr)
         return 2
     print(report.table(grades), end="")
-    print(f"\n{len(grades)} submissions graded in {time.perf_counter() - begin:.0f} s")
+    plural = "s" if len(grades) != 1 else ""
+    print(f"\n{len(grades)} submission{plural} graded in {time.perf_counter() - begin:.0f} s")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             f.write(report.to_csv(grades))

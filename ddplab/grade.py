@@ -21,17 +21,17 @@ How a submission is graded
 Why nbclient and not ``pytest --nbval`` in a subprocess: nbval runs a
 notebook in one kernel and, once a cell times out or the kernel dies, fails
 every later cell. Grading must lose only the exercise that broke, so
-``ddplab.grade_run`` drives the kernel with nbclient (the executor nbval's
-own machinery and nbconvert share), compares with nbval's stream coalescing
-and sanitize patterns, and recovers from hangs and crashes by replaying.
-``pytest --nbval-lax`` stays the way to check one notebook by hand.
+``ddplab.grade_plan`` decides what runs and ``ddplab.grade_run`` drives the
+kernel with nbclient (Jupyter's notebook executor, the one nbconvert uses),
+compares outputs with nbval's own functions (stream coalescing, the sanitize
+file parser) and nbval's rules, and recovers from hangs and crashes by
+replaying. ``pytest --nbval-lax`` stays the way to check a notebook by hand.
 
 Isolation and parallelism
 -------------------------
-Each submission is graded in its own worker process (``python -m
-ddplab.grade --worker``) with its own kernel; ``ddplab.start()`` in that
-kernel starts a lab of its own on free ports, so submissions never share a
-lab. Up to ``jobs`` workers (default: the machine's cores) run at once. A
+Each submission is graded in its own worker process (``_worker``) with its
+own kernel; ``ddplab.start()`` in that kernel starts a lab of its own on free
+ports, so submissions never share a lab. Up to ``jobs`` workers (default: the machine's cores) run at once. A
 worker that crashes or overruns its deadline costs only its own
 submission, and is killed together with everything it started.
 """
@@ -51,22 +51,12 @@ from pathlib import Path
 import nbformat
 import psutil
 
-from .grade_run import Step, difference, execute, sanitize_patterns
+from . import grade_plan
+from .grade_plan import GradeError, Mark, check_reference, load_submission, plan
+from .grade_run import execute, sanitize_patterns
 from .release import notebooks_in
 
 DEFAULT_CELL_TIMEOUT = 120.0
-
-
-class GradeError(ValueError):
-    """The grading cannot start: a reference notebook is missing or unusable."""
-
-
-@dataclass
-class Mark:
-    """One exercise of one submission."""
-    exercise: str
-    passed: bool
-    reason: str = ""
 
 
 @dataclass
@@ -84,142 +74,6 @@ class Grade:
         return sum(mark.passed for mark in self.marks)
 
 
-@dataclass
-class Exercise:
-    name: str
-    check: dict                 # the reference check cell
-    exercise: dict | None       # the reference exercise cell
-
-
-def _normal(source: str) -> str:
-    return "\n".join(line.rstrip() for line in source.strip().splitlines())
-
-
-def _tags(cell) -> list[str]:
-    return cell.get("metadata", {}).get("tags", [])
-
-
-def exercises(reference) -> list[Exercise]:
-    """The exercises of a reference notebook, in order, from its check cells."""
-    code = [c for c in reference.cells if c.cell_type == "code"]
-    found = []
-    for index, cell in enumerate(code):
-        cell_id = cell.get("id", "")
-        if not (cell_id.startswith("check-") or "check" in _tags(cell)):
-            continue
-        name = cell_id.removeprefix("check-") or f"check{len(found) + 1}"
-        exercise = next((c for c in code if c.get("id") == f"exercise-{name}"), None)
-        if exercise is None and index and "exercise" in _tags(code[index - 1]):
-            exercise = code[index - 1]
-        found.append(Exercise(name, cell, exercise))
-    return found
-
-
-def check_reference(path: Path):
-    """The reference notebook and its exercises; GradeError if it cannot grade anything."""
-    try:
-        reference = nbformat.read(path, as_version=4)
-    except Exception as e:
-        raise GradeError(f"ddplab grade: cannot read the reference {path}: {e}. "
-                         f"Use the course's own notebook, executed, as the reference.") from e
-    found = exercises(reference)
-    if not found:
-        raise GradeError(f"ddplab grade: the reference {path} has no check cells. Give each "
-                         f"check cell the id check-<name> and the tag 'check'.")
-    bare = [e.name for e in found if not e.check.get("outputs")]
-    if bare:
-        raise GradeError(f"ddplab grade: check cell check-{bare[0]} in {path} has no stored "
-                         f"output to compare with. Execute and clean the reference notebook "
-                         f"(see the README) before grading.")
-    return reference, found
-
-
-def load_submission(path: Path):
-    """The submission as a notebook; ValueError with a one-line reason if it is not one."""
-    try:
-        text = path.read_text(encoding="utf-8")
-        json.loads(text)
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read the file ({e})") from e
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
-                         f"the file is damaged, ask for it again") from e
-    try:
-        return nbformat.reads(text, as_version=4)
-    except Exception as e:
-        raise ValueError(f"valid JSON but not a notebook ({str(e).splitlines()[0]})") from e
-
-
-def plan(submission, found: list[Exercise]) -> tuple[list[Step], dict[str, str]]:
-    """The steps to run for a submission, and per exercise what is structurally wrong with it."""
-    code = [c for c in submission.cells if c.cell_type == "code"]
-    role: dict[int, tuple[str, Exercise]] = {}       # index in code -> (role, exercise)
-    problems: dict[str, str] = {}
-    for ex in found:
-        check_id = ex.check.get("id", "")
-        at = next((i for i, c in enumerate(code) if check_id and c.get("id") == check_id
-                   and i not in role), None)
-        if at is None:     # ids lost by a tool: the untouched check cell, by tag and source
-            at = next((i for i, c in enumerate(code) if i not in role and "check" in _tags(c)
-                       and _normal(c.source) == _normal(ex.check.source)), None)
-        if at is None:
-            problems[ex.name] = f"check cell {check_id or ex.name} was deleted"
-        else:
-            role[at] = ("check", ex)
-            if _normal(code[at].source) != _normal(ex.check.source):
-                problems[ex.name] = f"check cell {check_id} was edited"
-        want = f"exercise-{ex.name}"
-        mine = next((i for i, c in enumerate(code) if c.get("id") == want and i not in role), None)
-        if mine is None and at is not None and at and "exercise" in _tags(code[at - 1]):
-            mine = at - 1 if (at - 1) not in role else None
-        if mine is None:
-            problems.setdefault(ex.name, f"exercise cell {want} was deleted")
-        else:
-            role[mine] = ("exercise", ex)
-    steps = []
-    for i, cell in enumerate(code):
-        kind, ex = role.get(i, ("other", None))
-        source = ex.check.source if kind == "check" else cell.source
-        steps.append(Step(source, kind, ex.name if ex else "", cell.get("id", ""),
-                          ex.exercise.source if kind == "exercise" and ex.exercise else ""))
-    _put_back_deleted_checks(steps, found)
-    return steps, problems
-
-
-def _put_back_deleted_checks(steps: list[Step], found: list[Exercise]) -> None:
-    present = {s.name for s in steps if s.role == "check"}
-    for ex in found:
-        if ex.name in present:
-            continue
-        after = next((i for i, s in enumerate(steps)
-                      if s.role == "exercise" and s.name == ex.name), None)
-        if after is None:    # the exercise went too: after the check before it, or at the end
-            earlier = [i for i, s in enumerate(steps) if s.role == "check"
-                       and [e.name for e in found].index(s.name) < found.index(ex)]
-            after = earlier[-1] if earlier else len(steps) - 1
-        steps.insert(after + 1, Step(ex.check.source, "check", ex.name, ex.check.get("id", "")))
-
-
-def score(steps: list[Step], found: list[Exercise], problems: dict[str, str],
-          patterns) -> list[Mark]:
-    """Per exercise: passed, or the first reason it did not."""
-    marks = []
-    for ex in found:
-        exercise = next((s for s in steps if s.role == "exercise" and s.name == ex.name), None)
-        check = next(s for s in steps if s.role == "check" and s.name == ex.name)
-        outcome = (check.error if check.status != "ok" else
-                   difference(ex.check.get("outputs", []), check.outputs, patterns))
-        if ex.name in problems:
-            ran = "it failed" if outcome else "it passed"
-            why = f"{problems[ex.name]} (the reference check ran anyway: {ran})"
-        elif exercise.status != "ok":
-            why = f"exercise cell: {exercise.error}"
-        else:
-            why = f"check: {outcome}" if outcome else ""
-        marks.append(Mark(ex.name, not why, why))
-    return marks
-
-
 def grade_one(path: Path, reference_path: Path, student: str,
               cell_timeout: float = DEFAULT_CELL_TIMEOUT) -> Grade:
     """Grade one submission in this process (a worker calls this)."""
@@ -233,8 +87,10 @@ def grade_one(path: Path, reference_path: Path, student: str,
         result.marks = [Mark(ex.name, False, "not graded") for ex in found]
         return result
     steps, problems = plan(submission, found)
-    execute(steps, str(reference_path.resolve().parent), cell_timeout)
-    result.marks = score(steps, found, problems, sanitize_patterns())
+    # The submission's own folder is the working directory, as in nbgrader:
+    # files a notebook writes land beside it, never in the course's folder.
+    execute(steps, str(path.resolve().parent), cell_timeout)
+    result.marks = grade_plan.score(steps, found, problems, sanitize_patterns())
     result.seconds = time.monotonic() - begin
     return result
 
@@ -293,13 +149,21 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
         return list(pool.map(one, work))
 
 
+# The worker's first lines. Importing nbformat imports jsonschema, which builds
+# a grammar for the "iri" string format at import (seconds of CPU on a busy
+# machine, per submission); notebooks never use that format, so the worker
+# makes the optional import fail fast and jsonschema goes without it.
+_WORKER = ("import sys; sys.modules['rfc3987_syntax'] = None; "
+           "from ddplab.grade import _worker; sys.exit(_worker(sys.argv[1:]))")
+
+
 def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float) -> Grade:
     """Grade in a child process; a crash or overrun there costs only this submission."""
     cells = len(nbformat.read(ref, as_version=4).cells)
     deadline = 300 + 3 * cells * cell_timeout
     with tempfile.TemporaryDirectory(prefix="ddplab-grade-") as tmp:
         out = Path(tmp) / "grade.json"
-        command = [sys.executable, "-m", "ddplab.grade", "--worker", str(path), str(ref), student,
+        command = [sys.executable, "-c", _WORKER, str(path), str(ref), student,
                    str(cell_timeout), str(out)]
         worker = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   text=True)
@@ -341,8 +205,3 @@ def _worker(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
-        sys.exit(_worker(sys.argv[2:]))
-    sys.exit("usage: ddplab grade SUBMISSIONS... --reference NOTEBOOKS (python -m ddplab.grade "
-             "is the internal worker)")

@@ -61,6 +61,8 @@ class Step:
     name: str = ""               # the exercise, for exercise and check steps
     cell_id: str = ""
     reference_source: str = ""   # exercise steps: the reference solution, used when replaying
+    expect_error: bool = False   # tagged raises-exception: an error here is the lesson, not a failure
+    skip: bool = False           # marked NBVAL_SKIP / tagged nbval-skip: nbval does not run it
     status: str = "pending"      # ok, error, timeout, died, not run
     error: str = ""              # a short reason when status is not ok
     outputs: list = field(default_factory=list)
@@ -211,9 +213,14 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float) -> None:
     kernel = Kernel(cwd, cell_timeout)
     try:
         for index, step in enumerate(steps):
+            if step.skip:
+                step.status = "ok"
+                continue
             step.status, step.outputs, step.error = kernel.run(step.source)
             if step.status != "ok" and step.role in ("exercise", "check"):
                 failed.add(step.name)
+            if step.status == "error" and step.expect_error and step.role == "other":
+                step.status = "ok"         # e.g. a HangError the notebook shows on purpose
             if step.status == "ok" or (step.status == "error" and kernel.healthy()):
                 continue
             kernel.stop()
@@ -232,6 +239,8 @@ def _replay(done: list[Step], failed: set[str], cwd: str, cell_timeout: float) -
     """A new kernel in the state after ``done``, or None if the replay itself fails."""
     kernel = Kernel(cwd, cell_timeout)
     for step in done:
+        if step.skip:
+            continue
         if step.role == "exercise" and step.name in failed:
             source = step.reference_source
         elif step.role == "other" and step.status != "ok":

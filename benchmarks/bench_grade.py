@@ -1,0 +1,94 @@
+"""How long ``ddplab grade`` takes for a class: 20 submissions of one notebook.
+
+The submissions are the released notebook with the stubs filled in by the
+reference solutions (every one runs to the end, the slowest honest case),
+except every fifth, which is handed in as released (stubs: every exercise
+fails fast). They are graded the way an instructor would, with
+``ddplab grade`` on the command line and the default ``--jobs`` (the
+machine's cores). Goal on a 2-core machine: under 5 minutes.
+
+Run: ``.venv/bin/python benchmarks/bench_grade.py [--notebook notebooks/01_point_to_point.ipynb] [-n 20]``
+
+Measured (2 cores, no GPU, other labs running on the same cores; see the
+load average printed with each result):
+
+    notebook 00_setup.ipynb, 20 submissions, jobs 2:   see the README section / report
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ddplab.release import release_notebook  # noqa: E402
+
+
+def default_notebook() -> Path:
+    """The notebook with the most exercises, so the benchmark grades a real lesson."""
+    best, most = ROOT / "notebooks" / "00_setup.ipynb", 0
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        count = sum(c.get("id", "").startswith("check-") for c in nb.cells)
+        if count > most:
+            best, most = path, count
+    return best
+
+
+def make_submissions(reference: Path, folder: Path, count: int) -> None:
+    course = nbformat.read(reference, as_version=4)
+    solution = {c.get("id"): c.source for c in course.cells}
+    for i in range(count):
+        student = release_notebook(course, reference.name)
+        if i % 5 != 4:
+            for cell in student.cells:
+                if cell.get("id", "").startswith("exercise-"):
+                    cell.source = solution[cell.id]
+        (folder / f"student{i:02d}").mkdir(parents=True)
+        nbformat.write(student, folder / f"student{i:02d}" / reference.name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--notebook", type=Path, default=None)
+    parser.add_argument("-n", type=int, default=20, help="submissions (default 20)")
+    parser.add_argument("--jobs", type=int, default=None)
+    args = parser.parse_args()
+    reference = (args.notebook or default_notebook()).resolve()
+    with tempfile.TemporaryDirectory(prefix="bench-grade-") as tmp:
+        make_submissions(reference, Path(tmp) / "submitted", args.n)
+        command = [sys.executable, "-m", "ddplab.cli", "grade", str(Path(tmp) / "submitted"),
+                   "--reference", str(reference), "--csv", str(Path(tmp) / "grades.csv")]
+        if args.jobs:
+            command += ["--jobs", str(args.jobs)]
+        load = os.getloadavg()[0]
+        begin = time.perf_counter()
+        result = subprocess.run(command, capture_output=True, text=True)
+        elapsed = time.perf_counter() - begin
+        grades = Path(tmp) / "grades.csv"
+        rows = list(csv.DictReader(grades.open())) if grades.exists() else []
+        full = sum(1 for r in rows if not r["error"] and r["score"] == r["out_of"])
+    print(result.stdout.strip().splitlines()[0] if result.stdout else result.stderr[-2000:])
+    print(f"notebook      {reference.name}")
+    print(f"submissions   {args.n} ({full} with full marks, expected {args.n - args.n // 5})")
+    print(f"jobs          {args.jobs or os.cpu_count()} on {os.cpu_count()} cores, "
+          f"load average at start {load:.1f}")
+    print(f"wall time     {elapsed:.0f} s ({elapsed / args.n:.1f} s per submission); "
+          f"goal < 300 s: {'met' if elapsed < 300 else 'NOT met'}")
+    if full != args.n - args.n // 5:
+        print(result.stdout[-3000:], result.stderr[-3000:])
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

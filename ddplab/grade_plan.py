@@ -1,0 +1,180 @@
+"""Which cells of a submission are its exercises and checks, what to run, and the score.
+
+The reference notebook names the exercises: each check cell has id
+``check-<name>`` and tag ``check``; its exercise cell, just above, has id
+``exercise-<name>`` and tag ``exercise``. A submission's cells are matched to
+them by id (by tag and source when a tool lost the ids), never by position.
+``plan`` lists the cells to run, the reference's copy in place of each check
+cell, a deleted check cell put back after its exercise; ``score`` turns what
+``ddplab.grade_run.execute`` recorded into one ``Mark`` per exercise.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from .grade_run import Step, difference
+
+
+class GradeError(ValueError):
+    """The grading cannot start: a reference notebook is missing or unusable."""
+
+
+@dataclass
+class Mark:
+    """One exercise of one submission."""
+    exercise: str
+    passed: bool
+    reason: str = ""
+
+
+@dataclass
+class Exercise:
+    name: str
+    check: dict                 # the reference check cell
+    exercise: dict | None       # the reference exercise cell
+
+
+def _normal(source: str) -> str:
+    return "\n".join(line.rstrip() for line in source.strip().splitlines())
+
+
+def _tags(cell) -> list[str]:
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def _nbval_option(cell, option: str, tag: str) -> bool:
+    """Whether a cell asks nbval for ``option`` by comment (``# NBVAL_SKIP``) or by tag.
+
+    The grader honours what nbval honours: skipped cells do not run, and an
+    error in a cell that expects one (``raises-exception``) is the lesson.
+    """
+    from nbval.plugin import find_comment_markers
+    return bool(dict(find_comment_markers(cell.source)).get(option)) or tag in _tags(cell)
+
+
+def exercises(reference) -> list[Exercise]:
+    """The exercises of a reference notebook, in order, from its check cells."""
+    code = [c for c in reference.cells if c.cell_type == "code"]
+    found = []
+    for index, cell in enumerate(code):
+        cell_id = cell.get("id", "")
+        if not (cell_id.startswith("check-") or "check" in _tags(cell)):
+            continue
+        name = cell_id.removeprefix("check-") or f"check{len(found) + 1}"
+        exercise = next((c for c in code if c.get("id") == f"exercise-{name}"), None)
+        if exercise is None and index and "exercise" in _tags(code[index - 1]):
+            exercise = code[index - 1]
+        found.append(Exercise(name, cell, exercise))
+    return found
+
+
+def check_reference(path: Path):
+    """The reference notebook and its exercises; GradeError if it cannot grade anything."""
+    try:
+        reference = nbformat.read(path, as_version=4)
+    except Exception as e:
+        raise GradeError(f"ddplab grade: cannot read the reference {path}: {e}. "
+                         f"Use the course's own notebook, executed, as the reference.") from e
+    found = exercises(reference)
+    if not found:
+        raise GradeError(f"ddplab grade: the reference {path} has no check cells. Give each "
+                         f"check cell the id check-<name> and the tag 'check'.")
+    bare = [e.name for e in found if not e.check.get("outputs")]
+    if bare:
+        raise GradeError(f"ddplab grade: check cell check-{bare[0]} in {path} has no stored "
+                         f"output to compare with. Execute and clean the reference notebook "
+                         f"(see the README) before grading.")
+    return reference, found
+
+
+def load_submission(path: Path):
+    """The submission as a notebook; ValueError with a one-line reason if it is not one."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        json.loads(text)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the file ({e})") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
+                         f"the file is damaged, ask for it again") from e
+    try:
+        return nbformat.reads(text, as_version=4)
+    except Exception as e:
+        raise ValueError(f"valid JSON but not a notebook ({str(e).splitlines()[0]})") from e
+
+
+def plan(submission, found: list[Exercise]) -> tuple[list[Step], dict[str, str]]:
+    """The steps to run for a submission, and per exercise what is structurally wrong with it."""
+    code = [c for c in submission.cells if c.cell_type == "code"]
+    role: dict[int, tuple[str, Exercise]] = {}       # index in code -> (role, exercise)
+    problems: dict[str, str] = {}
+    for ex in found:
+        check_id = ex.check.get("id", "")
+        at = next((i for i, c in enumerate(code) if check_id and c.get("id") == check_id
+                   and i not in role), None)
+        if at is None:     # ids lost by a tool: the untouched check cell, by tag and source
+            at = next((i for i, c in enumerate(code) if i not in role and "check" in _tags(c)
+                       and _normal(c.source) == _normal(ex.check.source)), None)
+        if at is None:
+            problems[ex.name] = f"check cell {check_id or ex.name} was deleted"
+        else:
+            role[at] = ("check", ex)
+            if _normal(code[at].source) != _normal(ex.check.source):
+                problems[ex.name] = f"check cell {check_id} was edited"
+        want = f"exercise-{ex.name}"
+        mine = next((i for i, c in enumerate(code) if c.get("id") == want and i not in role), None)
+        if mine is None and at is not None and at and "exercise" in _tags(code[at - 1]):
+            mine = at - 1 if (at - 1) not in role else None
+        if mine is None:
+            problems.setdefault(ex.name, f"exercise cell {want} was deleted")
+        else:
+            role[mine] = ("exercise", ex)
+    steps = []
+    for i, cell in enumerate(code):
+        kind, ex = role.get(i, ("other", None))
+        source = ex.check.source if kind == "check" else cell.source
+        steps.append(Step(source, kind, ex.name if ex else "", cell.get("id", ""),
+                          ex.exercise.source if kind == "exercise" and ex.exercise else "",
+                          expect_error=_nbval_option(cell, "check_exception", "raises-exception"),
+                          skip=kind == "other" and _nbval_option(cell, "skip", "nbval-skip")))
+    _put_back_deleted_checks(steps, found)
+    return steps, problems
+
+
+def _put_back_deleted_checks(steps: list[Step], found: list[Exercise]) -> None:
+    present = {s.name for s in steps if s.role == "check"}
+    for ex in found:
+        if ex.name in present:
+            continue
+        after = next((i for i, s in enumerate(steps)
+                      if s.role == "exercise" and s.name == ex.name), None)
+        if after is None:    # the exercise went too: after the check before it, or at the end
+            earlier = [i for i, s in enumerate(steps) if s.role == "check"
+                       and [e.name for e in found].index(s.name) < found.index(ex)]
+            after = earlier[-1] if earlier else len(steps) - 1
+        steps.insert(after + 1, Step(ex.check.source, "check", ex.name, ex.check.get("id", "")))
+
+
+def score(steps: list[Step], found: list[Exercise], problems: dict[str, str],
+          patterns) -> list[Mark]:
+    """Per exercise: passed, or the first reason it did not."""
+    marks = []
+    for ex in found:
+        exercise = next((s for s in steps if s.role == "exercise" and s.name == ex.name), None)
+        check = next(s for s in steps if s.role == "check" and s.name == ex.name)
+        outcome = (check.error if check.status != "ok" else
+                   difference(ex.check.get("outputs", []), check.outputs, patterns))
+        if ex.name in problems:
+            ran = "it failed" if outcome else "it passed"
+            why = f"{problems[ex.name]} (the reference check ran anyway: {ran})"
+        elif exercise.status != "ok":
+            why = f"exercise cell: {exercise.error}"
+        else:
+            why = f"check: {outcome}" if outcome else ""
+        marks.append(Mark(ex.name, not why, why))
+    return marks
