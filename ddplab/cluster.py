@@ -508,7 +508,8 @@ def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
 
 def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
           grace: float = 2.0, pg_timeout: float = 1800, debug: bool = False,
-          init_method: str = "store") -> Lab:
+          init_method: str = "store", hosts: Any = None, engines: str | None = None,
+          **host_options: Any) -> Lab:
     """Start a lab of ``world_size`` ranks, or return the running one if it matches.
 
     - ``backend``: ``"auto"`` (nccl with one GPU per rank, else gloo), ``"gloo"`` or ``"nccl"``.
@@ -539,9 +540,17 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
       found it free, so another program could take it first (then rank 0 fails
       to start its store), and torch's store listens on every interface.
 
+    - ``hosts=["node1", "node2"]`` or ``engines="ssh"|"mpi"|"slurm"``: ranks on
+      several hosts, started by ipyparallel's launchers; see ``ddplab.multihost``
+      (its options, such as ``listen=`` or ``ssh_cmd=``, go in ``host_options``).
+
     Use it as ``with ddplab.start(...) as lab:`` to stop the lab at the end.
     """
     global _current
+    if hosts is not None or engines is not None or host_options:
+        from .multihost import start_hosts     # every multi-host decision lives there
+        return start_hosts(world_size, backend, timeout, hosts=hosts, engines=engines,
+                           grace=grace, pg_timeout=pg_timeout, debug=debug, **host_options)
     spec = LabSpec(check_world_size(world_size), backend,
                    check_timeout(timeout), check_timeout(grace, "grace", example=2),
                    check_timeout(pg_timeout, "pg_timeout"), bool(debug),
