@@ -55,7 +55,7 @@ _REPORT_DIR = "DDPLAB_LAUNCH_DIR"
 # After one command fails, the time the others get to exit by themselves, so
 # that their own error message (often the real cause) is kept, before they are ended.
 _SETTLE_S = 5.0
-_RANK_LINE = re.compile(r"^\[rank (\d+)\] ?(.*)$")
+_RANK_MARK = re.compile(r"\[rank (\d+)\] ?")
 
 
 class LaunchError(DdplabError):
@@ -328,12 +328,18 @@ def _cleaner(folder: str, ports: list[int]):
 
 
 def _rank_lines(text: str) -> dict[int, str]:
-    """Lines printed as ``[rank N] ...``, grouped by N, each rank's lines in their order."""
+    """Lines printed as ``[rank N] ...``, grouped by N, each rank's lines in their order.
+
+    Unbuffered ``print`` writes the text and its newline in two calls, so two
+    ranks printing at once can produce ``[rank 0] a[rank 1] b\n\n``: a line
+    therefore ends at a newline or at the next ``[rank N]`` mark.
+    """
     out: dict[int, list[str]] = {}
-    for line in text.splitlines():
-        match = _RANK_LINE.match(line)
-        if match:
-            out.setdefault(int(match.group(1)), []).append(match.group(2))
+    marks = list(_RANK_MARK.finditer(text))
+    for mark, after in zip(marks, marks[1:] + [None]):
+        end = after.start() if after is not None else len(text)
+        line = text[mark.end():end].split("\n", 1)[0]
+        out.setdefault(int(mark.group(1)), []).append(line)
     return {rank: "\n".join(lines) + "\n" for rank, lines in sorted(out.items())}
 
 

@@ -74,17 +74,17 @@ def write(tmp_path, name, text):
     return str(path)
 
 
-def launch_dirs():
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "ddplab_launch-*")))
-
-
 @pytest.fixture
-def nothing_left():
-    """Fails the test if a launch leaves a process or a directory behind."""
-    before, dirs = my_process_tree(), launch_dirs()
+def nothing_left(monkeypatch):
+    """Fails the test if a launch leaves a process or its folder behind."""
+    # Note the folders this test's launches make: other launches on this
+    # machine (a notebook running meanwhile) make and remove their own.
+    made, mkdtemp = [], tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: made.append(mkdtemp(*a, **k)) or made[-1])
+    before = my_process_tree()
     yield
     assert my_process_tree() <= before
-    assert launch_dirs() <= dirs
+    assert not [folder for folder in made if os.path.exists(folder)]
 
 
 def assert_gone(result):
@@ -173,3 +173,9 @@ def test_env_table_reads_reports_by_rank():
     assert table.splitlines() == ["variable     rank 0  rank 1",
                                   "RANK         0       1",
                                   "MASTER_PORT  PORT    -"]
+
+
+def test_rank_lines_survive_two_ranks_printing_at_once():
+    # Unbuffered print writes text and newline separately; ranks interleave between them.
+    text = "[rank 1] b1[rank 0] a1\n\nnoise\n[rank 0] a2\n[rank 1] b2\n"
+    assert launch._rank_lines(text) == {0: "a1\na2\n", 1: "b1\nb2\n"}
