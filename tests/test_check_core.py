@@ -51,3 +51,10 @@ def test_values_on_ranks_names_missing_variable(fresh_lab):
 def test_passed_prints_one_fixed_line(capsys):
     _core.passed("every rank holds 10")
     assert capsys.readouterr().out == "Correct: every rank holds 10\n"
+
+
+def test_compare_spells_lists_of_tensors_readably():
+    with pytest.raises(AssertionError) as info:
+        _core.compare("gathered", [[torch.tensor([0.0]), torch.tensor([1.0])]],
+                      [[torch.tensor([0.0]), torch.tensor([0.0])]])
+    assert "expected [[0.0] (float32), [1.0] (float32)]" in str(info.value)

@@ -76,6 +76,9 @@ def _spell(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).replace("torch.", "")
         return f"{value.tolist()} ({dtype})"
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        inner = ", ".join(_spell(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
     return repr(value)
 
 
@@ -86,6 +89,7 @@ def compare(what: str, expected: list[Any], got: list[Any], atol: float = 0.0,
     ``expected`` and ``got`` are indexed by rank. Rows of ranks that are wrong
     are marked with ``<-- wrong``; ``hint`` is a sentence on what usually causes it.
     """
+    __tracebackhide__ = True   # IPython and pytest show the message, not this frame
     wrong = [rank for rank, (e, g) in enumerate(zip(expected, got)) if not same(e, g, atol)]
     if len(expected) != len(got):
         raise AssertionError(f"{what}: expected answers from {len(expected)} ranks, got {len(got)}.")
