@@ -311,13 +311,14 @@ def spawn(config: Config | None = None, nodes: int = 1, node_rank: int = 0,
 
 
 def torchrun(config: Config | None = None, nproc_per_node: int = 2, nnodes: int = 1,
-             timeout: float = 600) -> dict:
+             timeout: float = 600, threads: int | None = None) -> dict:
     """Train under torchrun, in subprocesses on 127.0.0.1; return rank 0's result.
 
     Runs ``torchrun --nnodes N --node-rank i --nproc-per-node P -m ddplab.train``
     once per node (several nodes are simulated on this machine), on a free
-    port, with the lab's thread count per process, so the result can be
-    compared with ``lab.run(train)``. Every process is ended even on failure.
+    port, with the lab's thread count per process (or ``threads``), so the
+    result can be compared with ``lab.run(train)``. Every process is ended
+    even on failure.
     """
     from .env import free_port, omp_threads
 
@@ -329,7 +330,8 @@ def torchrun(config: Config | None = None, nproc_per_node: int = 2, nnodes: int 
                      "--master-addr", "127.0.0.1", "--master-port", str(port),
                      "-m", "ddplab.train", *config_args(config), "--out", out]
                     for node in range(nnodes)]
-        run_commands(commands, timeout, {"OMP_NUM_THREADS": str(omp_threads(nproc_per_node))})
+        threads = threads or omp_threads(nproc_per_node)
+        run_commands(commands, timeout, {"OMP_NUM_THREADS": str(threads)})
         return torch.load(out, weights_only=False)
 
 
@@ -376,11 +378,7 @@ def run_commands(commands: list[list[str]], timeout: float, env: dict | None = N
             if not failed and any(p.returncode != 0 for p in procs):
                 failed = "a command failed"
         finally:
-            for process in list(seen) + [psutil.Process(p.pid) for p in procs if p.poll() is None]:
-                try:
-                    process.kill()
-                except psutil.Error:
-                    pass
+            _end_tree([p for p in procs if p.poll() is None], seen)
             for p in procs:
                 p.wait()
         outputs = []
@@ -393,6 +391,36 @@ def run_commands(commands: list[list[str]], timeout: float, env: dict | None = N
                           for c, p, o in zip(commands, procs, outputs))
         raise RuntimeError(f"ddplab: {failed}.\n{shown}")
     return outputs
+
+
+def _end_tree(procs: list, seen: set) -> None:
+    """Kill ``procs`` and every descendant, including any born while we look.
+
+    Each process is first stopped (SIGSTOP), so it cannot start another
+    between the moment we list its children and the moment we kill them.
+    """
+    import psutil
+
+    tree = set(seen)       # psutil checks each one's start time: a reused pid is never hit
+    for process in procs:
+        try:
+            tree.add(psutil.Process(process.pid))
+        except psutil.Error:
+            pass
+    frozen: set = set()
+    while tree - frozen:
+        for process in tree - frozen:
+            frozen.add(process)
+            try:
+                process.suspend()
+                tree.update(process.children(recursive=True))
+            except psutil.Error:
+                pass
+    for process in tree:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
 
 
 def _parser() -> argparse.ArgumentParser:

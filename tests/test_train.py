@@ -130,6 +130,13 @@ def test_rank_0_saves_a_checkpoint_every_rank_can_load(fresh_lab, tmp_path):
     assert os.listdir(tmp_path) == ["digits.pt"], "written whole, then renamed: no partial file left"
 
 
+def test_spawn_from_python_returns_rank_0s_result(fresh_lab):
+    spawned = train.spawn(train.Config(epochs=1, verbose=False), procs_per_node=2)
+    labbed = fresh_lab.run(train.train, epochs=1, verbose=False, timeout=300)[0]
+    assert (spawned["rank"], spawned["world_size"]) == (0, 2)
+    assert same_weights(spawned["weights"], labbed["weights"]) <= 1e-6
+
+
 def test_nodes_above_one_need_a_port():
     with pytest.raises(ValueError, match="master_port"):
         train.spawn(train.Config(), nodes=2)
@@ -142,7 +149,7 @@ def test_run_commands_ends_every_process_when_time_runs_out():
              "print(p.pid, flush=True)\n"
              "time.sleep(120)\n")
     with pytest.raises(RuntimeError, match="did not finish within") as info:
-        train.run_commands([[sys.executable, "-c", child]], timeout=8)
+        train.run_commands([[sys.executable, "-c", child]], timeout=30)
     grandchild = int(str(info.value).split("---\n")[1].split()[0])
     assert not psutil.pid_exists(grandchild) or \
         psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
