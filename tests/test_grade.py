@@ -1,11 +1,11 @@
 """`ddplab grade` on real notebooks, real kernels, real labs.
 
-The reference is notebook 01 (five exercises). Each broken submission breaks
-its exercises in one way each and must lose exactly those. The submissions
-that need the grader to recover (a deadlock, an infinite loop, a kernel
-crash) break one exercise each, so nothing else can hide a spill; the cheap
-breakages share one submission. All are graded in ONE call, in parallel as
-they would be for a course, shared by the tests below.
+The reference is notebook 01 (five exercises). Each submission breaks some
+exercises, each in one way, and must lose exactly those. The breakages that
+need the grader to recover (deadlocks, an infinite loop, a kernel crash) sit
+in their own submissions, with untouched exercises after them, so a spill
+would show; the cheap breakages share one submission. All are graded in ONE
+call, in parallel as they would be for a course, shared by the tests below.
 """
 
 from __future__ import annotations
@@ -64,6 +64,17 @@ def _mixed(nb):
         "# I only added a comment\n" + _cell(nb, "check-neighbour-exchange").source   # edited check
 
 
+def _deadlocks(nb):
+    # every rank receives first: in a function the checker runs (its own timeout
+    # catches it), and in a %%ranks cell (the lab's HangError; the lab needs a restart)
+    _replace(nb, "exercise-swap",
+             "requests = [dist.isend(t, dst=other), dist.irecv(received, src=other)]",
+             "dist.recv(received, src=other)\n    requests = []")
+    _replace(nb, "exercise-ring-token",
+             "    dist.send(token, dst=right)\n    dist.recv(token, src=left)\nelse",
+             "    dist.recv(token, src=left)\n    dist.send(token, dst=right)\nelse")
+
+
 def submissions(reference):
     """Variant name -> (notebook or raw text, the exercises it must lose); slow ones first."""
     released = release_notebook(reference)
@@ -75,9 +86,7 @@ def submissions(reference):
             change(nb)
         out[name] = (nb, set(lose))
 
-    variant("deadlock", ["swap"], lambda nb: _replace(       # both ranks recv first: HangError
-        nb, "exercise-swap", "requests = [dist.isend(t, dst=other), dist.irecv(received, src=other)]",
-        "dist.recv(received, src=other)\n    requests = []"))
+    variant("deadlock", ["swap", "ring-token"], _deadlocks)
     variant("loops", ["ping-pong"],                          # in the kernel: the cell timeout
             lambda nb: setattr(_cell(nb, "exercise-ping-pong"), "source", "while True:\n    pass"))
     variant("crash", ["ping-pong"],                          # the kernel dies
@@ -128,6 +137,8 @@ def test_each_failure_has_a_short_reason_that_names_the_cause(graded):
     reason = {s: {m.exercise: m.reason for m in g.marks if not m.passed} for s, g in grades.items()}
     # the checker stops the hang itself (its own timeout) and says why
     assert reason["deadlock"]["swap"].startswith("check: ") and "deadlock" in reason["deadlock"]["swap"]
+    assert reason["deadlock"]["ring-token"].startswith("exercise cell: HangError: a deadlock")
+    assert "still in recv" in reason["deadlock"]["ring-token"]
     assert f"exercise cell: timed out after {CELL_TIMEOUT} s" in reason["loops"]["ping-pong"]
     assert "exercise cell: the kernel died" in reason["crash"]["ping-pong"]
     mixed = reason["mixed"]
@@ -155,13 +166,13 @@ def test_table_csv_and_junit_say_the_same(graded):
     assert lines[1 + students.index("correct")].split() == \
         ["correct", "01_point_to_point", "5/5", "pass", "pass", "pass", "pass", "pass"]
     assert lines[1 + students.index("deadlock")].split() == \
-        ["deadlock", "01_point_to_point", "4/5", "pass", "FAIL", "pass", "pass", "pass"]
+        ["deadlock", "01_point_to_point", "3/5", "pass", "FAIL", "FAIL", "pass", "pass"]
     assert re.search(r"^not_json\s+error: not graded: not valid JSON", text, re.M)
     assert re.search(r"^deadlock\s+swap: check: .*deadlock", text, re.M)
 
     rows = {r["student"]: r for r in csv.DictReader(io.StringIO(report.to_csv(grades)))}
-    assert rows["deadlock"]["swap"] == "0" and rows["deadlock"]["ring-token"] == "1"
-    assert rows["deadlock"]["score"] == "4" and rows["deadlock"]["out_of"] == "5"
+    assert rows["deadlock"]["swap"] == "0" and rows["deadlock"]["neighbour-exchange"] == "1"
+    assert rows["deadlock"]["score"] == "3" and rows["deadlock"]["out_of"] == "5"
     assert rows["not_json"]["error"].startswith("not graded: not valid JSON")
 
     suite = ET.fromstring(report.to_junit(grades)).find("testsuite")
