@@ -69,6 +69,9 @@ ENGINE_LAUNCHERS = ("ssh", "mpi", "slurm")
 HEARTBEAT_MS = 500
 #: How long to wait for that heartbeat verdict once gloo says a peer hung up.
 LOSS_WAIT = 2 * 10 * HEARTBEAT_MS / 1000
+#: After a first lost rank, how long to wait for the rest of its host to be
+#: declared lost too (a heartbeat period or so apart; 3 s is ipcluster's period).
+_SETTLE_S = 4.0
 _LOST_PEER = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Socket Timeout")
 
 
@@ -196,6 +199,11 @@ class HostLab(Lab):
         alive = set(self._client.ids) if self._client is not None else set()
         return [rank for rank, eid in enumerate(self._engine_ids) if eid not in alive]
 
+    def _whole_hosts(self, dead: list[int]) -> bool:
+        """Whether every host with a lost rank has lost all its ranks."""
+        return all(set(h["ranks"]) <= set(dead) for h in self.hosts
+                   if set(h["ranks"]) & set(dead))
+
     def _check_alive(self, wait: float = 0.0) -> None:
         """Raise EngineDiedError naming the host(s) whose engines the controller lost."""
         deadline = time.monotonic() + wait
@@ -205,6 +213,13 @@ class HostLab(Lab):
             dead = self._lost()
         if not dead:
             return
+        # The hub notices each engine on its own heartbeat, so a host's engines,
+        # killed together, are reported one period apart: let the rest of that
+        # host catch up, so the message names every rank it lost.
+        settle = time.monotonic() + _SETTLE_S
+        while time.monotonic() < settle and not self._whole_hosts(dead):
+            time.sleep(0.1)
+            dead = self._lost()
         parts = []
         for h in self.hosts:
             gone = [r for r in h["ranks"] if r in dead]

@@ -421,6 +421,9 @@ def _end_tree(procs: list, seen: set) -> None:
             process.kill()
         except psutil.Error:
             pass
+    # SIGKILL is delivered when the process next runs; on a busy machine that
+    # is not at once. Return only when every one of them is gone.
+    psutil.wait_procs(list(tree), timeout=10)
 
 
 def _parser() -> argparse.ArgumentParser:
