@@ -50,6 +50,29 @@ def run_on_ranks(fn: Callable, *args: Any, lab: Any = None, **kwargs: Any) -> li
     return lab_or_current(lab).run(fn, *args, **kwargs)
 
 
+def deadlock(what: str, exc: Any, timeout: float, hint: str) -> AssertionError:
+    """The AssertionError for a student's code that hung: where each rank is stuck, and the way out.
+
+    ``exc`` is the lab's ``HangError``; its per-rank locations become lines
+    like ``rank 0: still in send (cell line 2)``.
+    """
+    where = "\n".join(f"  rank {rank}: {'still ' + exc.where[rank] if rank in exc.where else state}"
+                      for rank, state in exc.states.items())
+    return AssertionError(f"{what} did not finish within {timeout:g} s: the ranks are waiting for "
+                          f"each other (a deadlock).\n{where}\nHint: {hint} "
+                          f"Then recover with: lab.restart()")
+
+
+def require_function(got: list[Any], name: str, marker: str) -> None:
+    """Raise naming the ranks where the student's function ``name`` was not defined (``marker``)."""
+    missing = [rank for rank, value in enumerate(got) if isinstance(value, str) and value == marker]
+    if missing:
+        raise AssertionError(
+            f"no function `{name}` on rank{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(map(str, missing))}. Run the exercise cell above (a %%ranks cell, so "
+            f"every rank defines it) without errors, and keep the name `{name}`.")
+
+
 def same(expected: Any, got: Any, atol: float = 0.0) -> bool:
     """Equal values: tensors by shape, dtype class and elements; lists item by item."""
     import torch

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._core import compare, lab_or_current, passed, run_on_ranks
+from ._core import compare, deadlock, lab_or_current, passed, require_function, run_on_ranks
 
 __all__ = ["global_mean", "max_and_rank", "parity_sum", "rows_to_columns"]
 
@@ -57,18 +57,9 @@ def _answers(name: str, inputs: list[Any], lab: Any, timeout: float) -> list[lis
     except RankError as exc:
         raise AssertionError(f"{name}(...) raised an exception, so it cannot be checked:\n{exc}") from None
     except HangError as exc:
-        where = "\n".join(f"  rank {rank}: {'still ' + exc.where[rank] if rank in exc.where else state}"
-                          for rank, state in exc.states.items())
-        raise AssertionError(
-            f"{name}(...) did not finish within {timeout:g} s: the ranks are waiting for each "
-            f"other (a deadlock).\n{where}\nHint: every rank of a group must call the same "
-            f"collectives in the same order. Recover with: lab.restart()") from None
-    missing = [rank for rank, answer in enumerate(got) if isinstance(answer, str) and answer == _MISSING]
-    if missing:
-        where = ", ".join(map(str, missing))
-        raise AssertionError(f"no function `{name}` on rank{'s' if len(missing) > 1 else ''} {where}. "
-                             f"Run the exercise cell above (a %%ranks cell, so every rank defines "
-                             f"it) without errors, and keep the name `{name}`.")
+        raise deadlock(f"{name}(...)", exc, timeout, "every rank of a group must call the same "
+                       "collectives in the same order.") from None
+    require_function(got, name, _MISSING)
     return got
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._core import compare, lab_or_current, passed, run_on_ranks, values_on_ranks
+from ._core import compare, deadlock, lab_or_current, passed, run_on_ranks, values_on_ranks
 
 __all__ = ["all_gather_p2p", "neighbour_exchange", "ping_pong", "ring_token", "swap_tensors"]
 
@@ -73,14 +73,10 @@ def _trials(trial: Callable, fn: Callable, lab: Any, timeout: float) -> list[lis
         try:
             results.append(run_on_ranks(trial, fn, case, lab=lab, timeout=timeout))
         except HangError as exc:
-            where = "\n".join(f"  rank {rank}: {'still ' + exc.where[rank] if rank in exc.where else state}"
-                              for rank, state in exc.states.items())
-            raise AssertionError(
-                f"{_what(getattr(fn, '__name__', 'your function'), case)} did not finish within "
-                f"{timeout:g} s: the ranks are waiting for each other (a deadlock).\n{where}\n"
-                f"Hint: two blocking sends facing each other wait forever; post the receives "
-                f"before waiting (isend/irecv or batch_isend_irecv). "
-                f"Then recover with: lab.restart()") from None
+            what = _what(getattr(fn, "__name__", "your function"), case)
+            raise deadlock(what, exc, timeout, "two blocking sends facing each other wait "
+                           "forever; post the receives before waiting (isend/irecv or "
+                           "batch_isend_irecv).") from None
     return results
 
 

@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from ._core import compare, lab_or_current, passed, run_on_ranks
+from ._core import compare, deadlock, lab_or_current, passed, require_function, run_on_ranks
 
 __all__ = ["epoch_loader", "global_accuracy", "save_checkpoint", "wrap_model"]
 
@@ -44,16 +44,9 @@ def _student(name: str, lab: Any, fn, *args: Any) -> list[Any]:
     except RankError as exc:
         raise AssertionError(f"{name}(...) raised an exception, so it cannot be checked:\n{exc}") from None
     except HangError as exc:
-        raise AssertionError(
-            f"{name}(...) did not finish within {_TIMEOUT:g} s: the ranks wait for each other "
-            f"(a deadlock).\n{exc}\nHint: every rank must make the same collective calls, a "
-            f"barrier included. Recover with: lab.restart()") from None
-    missing = [rank for rank, value in enumerate(got) if isinstance(value, str) and value == _MISSING]
-    if missing:
-        raise AssertionError(
-            f"no function `{name}` on rank{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(map(str, missing))}. Run the exercise cell above (a %%ranks cell, so "
-            f"every rank defines it) without errors, and keep the name `{name}`.")
+        raise deadlock(f"{name}(...)", exc, _TIMEOUT, "every rank must make the same collective "
+                       "calls, a barrier included.") from None
+    require_function(got, name, _MISSING)
     return got
 
 
