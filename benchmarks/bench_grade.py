@@ -15,8 +15,9 @@ engineers' labs shared the same two cores:
 
     load average 7.1 at start:   429 s  (21.5 s per submission)
     load average 3.7 at start:   386 s  (19.3 s per submission)
+    load average 0.8 at start:   286 s  (14.3 s per submission; the cores to itself)
 
-The goal (< 300 s) is not met on a shared machine. The grading used about
+The goal (< 300 s) is met, just, only when grading has the machine to itself. The grading used about
 360 s of CPU (user + sys) for the 20 runs, so two idle cores cannot do it in
 under about 180 s. Per-cell timings of one run show where the time goes: its
 three lab starts (8 engines, each importing torch) take most of it; every
