@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 
+import psutil
 import pytest
 
 import ddplab
@@ -174,10 +175,22 @@ def hosts_lab():
     finally:
         if lab is not None:
             lab.stop()
+        # The controller forks its schedulers; killing it by pid would orphan
+        # them (its guard dies with it), so end the whole tree of each process.
+        family = []
         for p in processes:
-            p.kill()
+            try:
+                family += [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
+            except psutil.Error:
+                pass
+        for member in family:
+            try:
+                member.kill()
+            except psutil.Error:
+                pass
         for p in processes:
             p.wait(10)
+        psutil.wait_procs(family, timeout=10)
         problems = network.down()
         shutil.rmtree(work, ignore_errors=True)
         assert not problems, f"could not remove {problems}"
