@@ -236,7 +236,20 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float) -> None:
 
 
 def _replay(done: list[Step], failed: set[str], cwd: str, cell_timeout: float) -> Kernel | None:
-    """A new kernel in the state after ``done``, or None if the replay itself fails."""
+    """A new kernel in the state after ``done``, or None if the replay fails twice.
+
+    One retry: on a loaded machine a replayed cell that passed before (the
+    lab start, say) can fail once, and a kernel without it would fail every
+    later check with a NameError that is not the student's doing.
+    """
+    for _ in range(2):
+        kernel = _replay_once(done, failed, cwd, cell_timeout)
+        if kernel is not None:
+            return kernel
+    return None
+
+
+def _replay_once(done: list[Step], failed: set[str], cwd: str, cell_timeout: float) -> Kernel | None:
     kernel = Kernel(cwd, cell_timeout)
     for step in done:
         if step.skip:
@@ -248,7 +261,10 @@ def _replay(done: list[Step], failed: set[str], cwd: str, cell_timeout: float) -
         else:
             source = step.source
         status, _, _ = kernel.run(source)
-        if status in ("timeout", "died"):
+        # A cell that passed the first time must pass again; one that raises on
+        # purpose (tagged raises-exception) or belongs to a lost exercise need not.
+        must_pass = step.status == "ok" and not step.expect_error and step.name not in failed
+        if status in ("timeout", "died") or (status != "ok" and must_pass):
             kernel.stop()
             return None
     if not kernel.healthy():
