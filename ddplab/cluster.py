@@ -238,6 +238,10 @@ class Lab:
                         process.wait(5)
                     except Exception:
                         pass
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop what a stopped lab held: pending cells, ranks, its directory, its atexit hook."""
         self._pending.clear()
         self._pids, self._engine_ids = [], []
         if self._dir:

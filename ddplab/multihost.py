@@ -289,12 +289,7 @@ class HostLab(Lab):
                 except Exception:
                     pass
             client.close()
-        self._pending.clear()
-        self._pids, self._engine_ids = [], []
-        if self._dir:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = ""
-        atexit.unregister(self._teardown)
+        self._forget()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

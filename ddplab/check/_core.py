@@ -63,14 +63,15 @@ def deadlock(what: str, exc: Any, timeout: float, hint: str) -> AssertionError:
                           f"Then recover with: lab.restart()")
 
 
-def require_function(got: list[Any], name: str, marker: str) -> None:
-    """Raise naming the ranks where the student's function ``name`` was not defined (``marker``)."""
+def require_function(got: list[Any], name: str, marker: str, kind: str = "function",
+                     verb: str = "defines") -> None:
+    """Raise naming the ranks where the student's ``name`` was not defined (``marker``)."""
     missing = [rank for rank, value in enumerate(got) if isinstance(value, str) and value == marker]
     if missing:
         raise AssertionError(
-            f"no function `{name}` on rank{'s' if len(missing) > 1 else ''} "
+            f"no {kind} `{name}` on rank{'s' if len(missing) > 1 else ''} "
             f"{', '.join(map(str, missing))}. Run the exercise cell above (a %%ranks cell, so "
-            f"every rank defines it) without errors, and keep the name `{name}`.")
+            f"every rank {verb} it) without errors, and keep the name `{name}`.")
 
 
 def same(expected: Any, got: Any, atol: float = 0.0) -> bool:

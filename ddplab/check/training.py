@@ -89,12 +89,7 @@ def wrap_model(lab: Any = None) -> None:
     lab = lab_or_current(lab)
     n = lab.world_size
     got = run_on_ranks(_describe_wrapping, lab=lab)
-    missing = [rank for rank, g in enumerate(got) if isinstance(g, str) and g == _MISSING]
-    if missing:
-        raise AssertionError(
-            f"no variable `ddp_model` on rank{'s' if len(missing) > 1 else ''} "
-            f"{', '.join(map(str, missing))}. Run the exercise cell above (a %%ranks cell, so "
-            f"every rank makes it) without errors, and keep the name `ddp_model`.")
+    require_function(got, "ddp_model", _MISSING, kind="variable", verb="makes")
     compare("type(ddp_model).__name__", ["DistributedDataParallel"] * n, [g["type"] for g in got],
             hint="ddp_model = DDP(model, device_ids=...), with "
                  "from torch.nn.parallel import DistributedDataParallel as DDP.")
