@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lab test bench clean
+.PHONY: install lab lab-reference test test-fast bench clean
 
 install: $(STAMP)
 
@@ -18,7 +18,14 @@ $(STAMP): pyproject.toml constraints.txt
 # Jupyter refuses to run as root unless told to; containers often run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# Students: workspace/ holds the student versions (solutions stubbed), made on the first
+# run; later runs add notebooks that are new and never overwrite one there (your work).
 lab: install
+	$(BIN)/ddplab notebooks workspace
+	$(BIN)/jupyter lab --notebook-dir=workspace --ServerApp.ip=127.0.0.1 $(ROOT_FLAG)
+
+# Instructors: the reference notebooks themselves, solutions and outputs in.
+lab-reference: install
 	$(BIN)/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 $(ROOT_FLAG)
 
 # The unit and integration tests, then nbval over every notebook, in one pytest run.
@@ -27,7 +34,12 @@ lab: install
 test: install
 	bash tools/ensure_chromium.sh
 	DDPLAB_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests notebooks --nbval --nbval-cell-timeout=300 \
-		--nbval-sanitize-with ddplab/nbval_sanitize.cfg
+		--nbval-sanitize-with ddplab/course/nbval_sanitize.cfg
+
+# The inner loop while changing code (under a minute): every test but the slow, browser,
+# netns and gpu tiers, and no notebooks. `make test` (what CI runs) still runs them all.
+test-fast: install
+	$(BIN)/python -m pytest tests -q -m "not slow and not browser and not netns and not gpu"
 
 bench: install
 	$(BIN)/python benchmarks/bench_start.py

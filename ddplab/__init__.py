@@ -8,16 +8,21 @@
 
     ddplab.show("t")                     # the tensor t of every rank, as a rank x element grid
     ddplab.check.ring_token()            # a notebook exercise's checker
+    ddplab.hint("ring-token")            # stuck? a hint, then ddplab.solution("ring-token")
 
-See ``ddplab.cluster`` for the lab's lifecycle and its failure modes.
+    with lab.trace() as tr:              # who waited for whom: a timeline of every rank's
+        lab.run(step)                    # torch.distributed calls (or %%ranks --trace)
+
+See ``ddplab.lab`` for the lab's lifecycle and its failure modes.
 """
 
-from . import check
-from .cluster import Lab, current, start
-from .multihost import attach
+from . import check, trace
+from .course.notebooks import hint, solution
 from .errors import ConfigError, DdplabError, EngineDiedError, HangError, RankError
-from .magics import load_ipython_extension
+from .lab import Lab, attach, current, start
+from .lab.magics import load_ipython_extension
 from .show import Picture, show
+from .trace import Trace
 
 __all__ = [
     "ConfigError",
@@ -27,11 +32,15 @@ __all__ = [
     "Lab",
     "Picture",
     "RankError",
+    "Trace",
     "attach",
     "check",
     "current",
+    "hint",
     "load_ipython_extension",
     "show",
+    "solution",
     "start",
+    "trace",
 ]
 __version__ = "0.1.0"

@@ -54,3 +54,23 @@ class EngineDiedError(DdplabError):
     def __init__(self, message: str, ranks: list[int]):
         super().__init__(message)
         self.ranks = sorted(ranks)
+
+
+class LaunchError(DdplabError):
+    """A script ``ddplab.launch`` ran failed or did not finish in time. ``launch`` holds the details."""
+
+    def __init__(self, message: str, launch: object):
+        super().__init__(message)
+        self.launch = launch
+
+
+class CommandError(DdplabError, RuntimeError):
+    """Commands ddplab ran side by side (``train.run_commands``) failed or ran out of time."""
+
+
+class GradeError(DdplabError, ValueError):
+    """The grading cannot start: a reference notebook is missing or unusable."""
+
+
+class ReleaseError(DdplabError, ValueError):
+    """A course notebook whose solution markers cannot be turned into a stub."""

@@ -4,6 +4,9 @@ They load with ``ddplab.start(...)`` or ``%load_ext ddplab``. Options::
 
     %%ranks --timeout 10          # HangError after 10 s instead of the lab's default
     %%rank 0 --grace 5            # return after 5 s if rank 0 is still blocked
+    %%ranks --trace               # draw the cell's torch.distributed calls as a timeline
+    %%ranks --trace tr            # ... and keep it in the variable tr (a ddplab.Trace)
+                                  # (with %%rank, --trace waits for the cell's end: no grace)
 
 Output is grouped by rank, in rank order, under ``[rank N]`` labels, and an
 error on any rank fails the cell (so nbval and graders see it).
@@ -11,20 +14,35 @@ error on any rank fails the cell (so nbval and graders see it).
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 
 from IPython.core.magic import Magics, cell_magic, magics_class
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .cluster import current
 
 
-def _parse(line: str, magic: str) -> tuple[list[int], dict[str, float]]:
+def _parse(line: str, magic: str) -> tuple[list[int], dict]:
     ranks: list[int] = []
     options: dict[str, float] = {}
-    words = shlex.split(line)
+    try:
+        words = shlex.split(line)
+    except ValueError as e:              # an unclosed quote
+        raise ConfigError(f"ddplab: %%{magic} {line.strip()} cannot be read ({e}). Close the "
+                          f"quote, or write the ranks and options without quotes, e.g. "
+                          f"%%{magic}{' 0' if magic == 'rank' else ''} --timeout 10.") from None
     while words:
         word = words.pop(0)
-        if word in ("--timeout", "--grace"):
+        if word == "--trace":
+            options["trace"] = True
+            if words and words[0].isidentifier():
+                options["trace_name"] = words.pop(0)
+        elif word == "--grace" and magic == "ranks":
+            raise ConfigError("ddplab: %%ranks does not take --grace: a cell on every rank "
+                              "always runs to its end (or --timeout). --grace belongs to "
+                              "%%rank N, which may leave a rank running.")
+        elif word in ("--timeout", "--grace"):
             if not words:
                 raise ConfigError(f"ddplab: %%{magic} {word} needs a number of seconds, "
                                   f"e.g. %%{magic} {word} 10.")
@@ -40,7 +58,7 @@ def _parse(line: str, magic: str) -> tuple[list[int], dict[str, float]]:
             raise ConfigError(
                 f"ddplab: %%{magic} does not understand {word!r}. "
                 f"Use %%{magic}{' 0 1' if magic == 'rank' else ''} [--timeout SECONDS]"
-                f"{' [--grace SECONDS]' if magic == 'rank' else ''}.")
+                f"{' [--grace SECONDS]' if magic == 'rank' else ''} [--trace [NAME]].")
     return ranks, options
 
 
@@ -51,27 +69,54 @@ class RankMagics(Magics):
     @cell_magic
     def ranks(self, line: str, cell: str) -> None:
         """Run this cell on every rank of the current lab."""
-        from .cluster import current
         ranks, options = _parse(line, "ranks")
         if ranks:
             raise ConfigError(f"ddplab: %%ranks runs on every rank and takes no rank numbers; "
                               f"use %%rank {' '.join(map(str, ranks))} to pick ranks.")
-        current().run_cell(cell, timeout=options.get("timeout"))
+        lab = current()
+        with _traced(lab, options, None, self.shell):
+            lab.run_cell(cell, timeout=options.get("timeout"))
 
     @cell_magic
     def rank(self, line: str, cell: str) -> None:
         """Run this cell on the ranks named, e.g. ``%%rank 0`` or ``%%rank 0 2``."""
-        from .cluster import current
         ranks, options = _parse(line, "rank")
         lab = current()
         if not ranks:
             raise ConfigError("ddplab: %%rank needs the ranks to run on, e.g. %%rank 0 "
                               "(or %%ranks for all of them).")
         lab.check_ranks(ranks, spelled=f"%%rank {' '.join(map(str, ranks))}")
-        lab.run_cell(cell, ranks=ranks, timeout=options.get("timeout"),
-                     grace=options.get("grace", lab.spec.grace))
+        grace = None if options.get("trace") else options.get("grace", lab.spec.grace)
+        with _traced(lab, options, ranks, self.shell):
+            lab.run_cell(cell, ranks=ranks, timeout=options.get("timeout"), grace=grace)
+
+
+@contextlib.contextmanager
+def _traced(lab, options: dict, ranks, shell):
+    """With ``--trace [NAME]``: record the cell on its ranks, show the timeline, keep it as NAME."""
+    if not options.get("trace"):
+        yield
+        return
+    from IPython.display import display
+    trace = lab.trace(ranks)
+    try:
+        with trace:
+            yield
+    finally:
+        if trace.events is not None:
+            if options.get("trace_name") and shell is not None:
+                shell.user_ns[options["trace_name"]] = trace
+            display(trace)
 
 
 def load_ipython_extension(shell) -> None:
     """``%load_ext ddplab`` calls this; ``ddplab.start`` does too."""
     shell.register_magics(RankMagics)
+
+
+def register() -> None:
+    """Load the magics into the IPython running this code, if any (starting a lab calls this)."""
+    from IPython import get_ipython
+    shell = get_ipython()
+    if shell is not None:
+        load_ipython_extension(shell)

@@ -15,13 +15,13 @@ How a submission is graded
    edited check cell still scores zero on its exercise.
 3. An exercise passes when its exercise cell runs without error and its
    check cell runs without error and prints what the reference printed,
-   compared the way nbval compares (``ddplab/nbval_sanitize.cfg`` applied to
+   compared the way nbval compares (``ddplab/course/nbval_sanitize.cfg`` applied to
    both sides).
 
 Why nbclient and not ``pytest --nbval`` in a subprocess: nbval runs a
 notebook in one kernel and, once a cell times out or the kernel dies, fails
 every later cell. Grading must lose only the exercise that broke, so
-``ddplab.grade_plan`` decides what runs and ``ddplab.grade_run`` drives the
+``ddplab.course.grade_plan`` decides what runs and ``ddplab.course.grade_run`` drives the
 kernel with nbclient (Jupyter's notebook executor, the one nbconvert uses),
 compares outputs with nbval's own functions (stream coalescing, the sanitize
 file parser) and nbval's rules, and recovers from hangs and crashes by
@@ -49,8 +49,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import nbformat
-import psutil
 
+from .. import procs
 from . import grade_plan
 from .grade_plan import GradeError, Mark, check_reference, load_submission, plan
 from .grade_run import execute, sanitize_patterns
@@ -154,7 +154,7 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
 # machine, per submission); notebooks never use that format, so the worker
 # makes the optional import fail fast and jsonschema goes without it.
 _WORKER = ("import sys; sys.modules['rfc3987_syntax'] = None; "
-           "from ddplab.grade import _worker; sys.exit(_worker(sys.argv[1:]))")
+           "from ddplab.course.grade import _worker; sys.exit(_worker(sys.argv[1:]))")
 
 
 def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float) -> Grade:
@@ -171,7 +171,7 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float) -> Grad
         try:
             _, stderr = worker.communicate(timeout=deadline)
         except subprocess.TimeoutExpired:
-            _kill_tree(worker.pid)
+            procs.end_tree(worker, grace=5)
             _, stderr = worker.communicate()
             return Grade(student, ref.stem, str(path),
                          error=f"not graded: grading took longer than {deadline:g} s and was stopped")
@@ -183,19 +183,6 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float) -> Grad
         data["marks"] = [Mark(**m) for m in data["marks"]]
         data["seconds"] = time.monotonic() - begin
         return Grade(**data)
-
-
-def _kill_tree(pid: int) -> None:
-    try:
-        family = psutil.Process(pid).children(recursive=True) + [psutil.Process(pid)]
-    except psutil.Error:
-        return
-    for process in family:
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(family, timeout=15)
 
 
 def _worker(argv: list[str]) -> int:

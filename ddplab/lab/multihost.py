@@ -42,25 +42,23 @@ gloo's connections are plain TCP between the hosts: use a private network.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import re
 import secrets
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from typing import Any
 
-from . import cluster as _cluster, display, engine
-from . import hosts as placing
-from .cluster import Lab, LabSpec, _Task
-from .env import check_timeout, check_world_size, omp_threads
-from .errors import ConfigError, DdplabError, EngineDiedError
+from .. import hosts as placing
+from ..env import check_timeout, check_world_size, choose_host_backend, omp_threads
+from ..errors import ConfigError, DdplabError, EngineDiedError
+from ..rank import engine
+from . import cluster, display, magics
+from .cluster import Lab, LabSpec, Task
 
 #: Launchers ``start(engines=...)`` accepts: ipyparallel's own names.
 ENGINE_LAUNCHERS = ("ssh", "mpi", "slurm")
@@ -108,6 +106,9 @@ class _Result:
 class HostLab(Lab):
     """A lab whose ranks may run on other hosts. Make one with ``start(hosts=...)`` or ``attach``."""
 
+    # Engines on other hosts are placed afresh at every start: restart re-forms the whole lab.
+    restart_keeps_controller = False
+
     def __init__(self, spec: LabSpec, *, connect=None, launch: dict | None = None,
                  host_order: list[str] = ()) -> None:
         super().__init__(replace(spec, backend="gloo"), 0)   # the backend is chosen per host later
@@ -118,22 +119,15 @@ class HostLab(Lab):
         self._engines: dict[int, placing.Engine] = {}
 
     # ------------------------------------------------------------- forming
-    def _launch(self) -> None:
-        self._dir = tempfile.mkdtemp(prefix="ddplab-")
-        atexit.register(self._teardown)
-        try:
-            if self._launch_args is not None:
-                self._cluster = _configure(self._dir, self.spec, **self._launch_args)
-                self._cluster.start_cluster_sync(n=self._asked.world_size)
-                self._client = self._cluster.connect_client_sync()
-            else:
-                self._client = self._connect()
-                self._cluster = self._client        # "running" means: we hold a connection
-            self._form()
-        except BaseException:
-            self._teardown()
-            raise
-        self._broken = ""
+    def _bring_up(self) -> None:
+        if self._launch_args is not None:
+            self._cluster = _configure(self._dir, self.spec, **self._launch_args)
+            self._cluster.start_cluster_sync(n=self._asked.world_size)
+            self._client = self._cluster.connect_client_sync()
+        else:
+            self._client = self._connect()
+            self._cluster = self._client        # "running" means: we hold a connection
+        self._form()
 
     def _form(self) -> None:
         client, asked, timeout = self._client, self._asked.world_size, self.spec.timeout
@@ -157,8 +151,9 @@ class HostLab(Lab):
         self.placements = placing.place(list(self._engines.values()), self._host_order)
         n = len(self.placements)
         self.spec = replace(self.spec, world_size=n)
-        self.backend, self.backend_reason = _choose_backend(self._asked.backend, self.placements,
-                                                            self._engines)
+        self.backend, self.backend_reason = choose_host_backend(
+            self._asked.backend, [(p.host, p.local_world_size, self._engines[p.engine_id].gpus)
+                                  for p in self.placements if p.local_rank == 0])
         self._engine_ids = [p.engine_id for p in self.placements]
         self._pids = [self._engines[eid].pid for eid in self._engine_ids]
         self._join_group()
@@ -166,21 +161,15 @@ class HostLab(Lab):
     def _join_group(self) -> None:
         n, timeout, pg_timeout = self.world_size, self.spec.timeout, self.spec.pg_timeout
         master = self.placements[0].host
-        views = [self._client[eid] for eid in self._engine_ids]
-        port = views[0].apply_async(engine.open_store, master, n, pg_timeout).get(timeout)
+        port = self._call(0, engine.open_store, master, n, pg_timeout).get(timeout)
         tasks = []
-        for p, view in zip(self.placements, views):
+        for p in self.placements:
             e = self._engines[p.engine_id]
             env = placing.rank_env(p, master, port, e.ifname)
             args = (p.rank, n, env, self.backend, pg_timeout, f"{e.tmpdir}/stack.txt",
                     [path for path in sys.path if path])
-            tasks.append(_Task(p.rank, _Result(self, view.apply_async(
-                engine.call, engine.join_group, args, {}))))
-        if self._wait(tasks, timeout) != "done":
-            failures = self._replay(tasks)
-            if failures:
-                raise _cluster._rank_error(failures)
-            raise self._hang_error(tasks, timeout, "init_process_group")
+            tasks.append(Task(p.rank, self._call(p.rank, engine.call, engine.join_group, args, {})))
+        self._await_join(tasks, timeout)
 
     # ------------------------------------------------------------- watching
     @property
@@ -232,16 +221,17 @@ class HostLab(Lab):
         raise EngineDiedError(f"ddplab: {self._broken} Recover with: lab.restart() once the "
                               f"host is back", dead)
 
-    def _stuck_after_failure(self, failures, still):
+    def _confirm_loss(self, failures) -> None:
         # gloo saying a peer hung up means a process or a link is gone: give the
         # controller's heartbeat the time to confirm, and name the host it lost.
         if any(_LOST_PEER.search(text) for text in failures.values()):
             self._check_alive(wait=min(self.spec.timeout, LOSS_WAIT))
-        return super()._stuck_after_failure(failures, still)
 
-    def _submit(self, ranks, fn, *args):
-        return [_Task(rank, _Result(self, self._client[self._engine_ids[rank]].apply_async(fn, *args)))
-                for rank in ranks]
+    def _call(self, rank, fn, *args):
+        return _Result(self, super()._call(rank, fn, *args))
+
+    def _frames(self, tasks, deadline):
+        return {}                   # signals do not cross hosts: stacks are out of reach
 
     def _locate(self, tasks, deadline):
         # Signals do not cross hosts, so a stuck rank's stack is out of reach.
@@ -249,27 +239,16 @@ class HostLab(Lab):
                  f"read from here)" for t in tasks}
         return where, {}
 
-    def _interrupt(self, tasks) -> None:
-        running = [t for t in tasks if not t.result.ready()]
+    def _send_interrupt(self, ranks) -> None:
+        # Through the engines' nanny: our signals do not reach other hosts.
         try:
-            self._client.send_signal(signal.SIGINT, [self._engine_ids[t.rank] for t in running],
+            self._client.send_signal(signal.SIGINT, [self._engine_ids[r] for r in ranks],
                                      block=False)
         except Exception:
             pass
-        deadline = time.monotonic() + 3
-        for t in running:
-            while not t.result.ready() and time.monotonic() < deadline:
-                t.result.wait(0.1)
-        stuck = [t.rank for t in running if not t.result.ready()]
-        self._pending = []
-        if stuck:
-            self._broken = f"rank {', '.join(map(str, stuck))} did not stop on interrupt."
-            display.say(f"ddplab: interrupted; {self._broken} Recover with: lab.restart()")
-        else:
-            display.say("ddplab: interrupted; the ranks stopped and the lab is usable.")
 
     # ------------------------------------------------------------- ending
-    def _teardown(self) -> None:
+    def _shut_down(self) -> None:
         """Close our connection; stop the engines only if this lab started them."""
         owned = self._launch_args is not None
         client, self._client, self._cluster = self._client, None, None
@@ -289,7 +268,6 @@ class HostLab(Lab):
                 except Exception:
                     pass
             client.close()
-        self._forget()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -301,21 +279,16 @@ class HostLab(Lab):
 # ------------------------------------------------------------- on the engines
 def _prepare(controller_ip: str) -> dict:
     """On an engine: leave any earlier group, forget an old store, describe the host."""
-    import torch.distributed as dist
-
-    from ddplab import engine as eng
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    eng._state["store"] = None
+    from ddplab.rank import engine as eng
+    eng.leave_group()
     return placing.describe_engine(controller_ip)
 
 
 def _leave(tmpdir: str) -> None:
     import shutil as sh
 
-    import torch.distributed as dist
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    from ddplab.rank import engine as eng
+    eng.leave_group()
     sh.rmtree(tmpdir, ignore_errors=True)
 
 
@@ -324,20 +297,6 @@ def _url_host(url: str) -> str:
     """``tcp://10.0.0.1:5555`` -> ``10.0.0.1``."""
     host = url.split("://", 1)[-1].rsplit(":", 1)[0]
     return "127.0.0.1" if host in ("*", "0.0.0.0", "") else host
-
-
-def _choose_backend(asked: str, placements, engines) -> tuple[str, str]:
-    """nccl only if every host has a GPU per local rank (ranks take GPU LOCAL_RANK of their host)."""
-    short = [p.host for p in placements if p.local_rank == 0
-             and engines[p.engine_id].gpus < p.local_world_size]
-    if asked == "gloo" or (asked == "auto" and short):
-        why = "as asked" if asked == "gloo" else f"host {short[0]} has fewer GPUs than ranks"
-        return "gloo", f"gloo: {why}"
-    if short:
-        raise ConfigError(f"ddplab: backend='nccl' needs one GPU per rank on every host, but "
-                          f"host {short[0]} has fewer GPUs than ranks. Use backend='gloo' or "
-                          f"fewer ranks there.")
-    return "nccl", "nccl: every host has one GPU per local rank"
 
 
 def _split_hosts(hosts_arg, world_size: int) -> dict[str, int]:
@@ -382,7 +341,7 @@ def _configure(profile_dir: str, spec: LabSpec, *, engines: str, counts: dict[st
     launcher = {"ssh": "SSHEngineSetLauncher", "mpi": "MPIEngineSetLauncher",
                 "slurm": "SlurmEngineSetLauncher"}[engines]
     # The guard preloads torch; no parent watch: the kernel is not the parent there.
-    c[launcher].engine_cmd = [remote_python, "-m", "ddplab.guard", "ipyparallel.engine"]
+    c[launcher].engine_cmd = [remote_python, "-m", "ddplab.rank.guard", "ipyparallel.engine"]
     c[launcher].environment = {"DDPLAB_PRELOAD": "torch", "OMP_NUM_THREADS": str(
         omp_threads(max(counts.values()) if counts else 1))}
     if spec.debug:
@@ -427,8 +386,9 @@ def start_hosts(world_size: int, backend: str = "auto", timeout: float = 60, *,
     if listen is None:
         listen = placing.local_address(order[0]) if order else "*"
     location = socket.gethostname() if listen in ("*", "0.0.0.0") else listen
-    spec = LabSpec(n, backend, check_timeout(timeout), check_timeout(grace, "grace", example=2),
-                   check_timeout(pg_timeout, "pg_timeout"), bool(debug))
+    spec = LabSpec(world_size=n, backend=backend, timeout=check_timeout(timeout),
+                   grace=check_timeout(grace, "grace", example=2),
+                   pg_timeout=check_timeout(pg_timeout, "pg_timeout"), debug=bool(debug))
     lab = HostLab(spec, host_order=order, launch=dict(
         engines=engines, counts=counts, listen=listen, location=location, ssh_cmd=ssh_cmd,
         remote_python=remote_python, config=config))
@@ -447,8 +407,9 @@ def attach(url_file: str | None = None, *, profile: str | None = None,
     ``lab.stop()``; they only leave the process group.
     """
     n = None if world_size is None else check_world_size(world_size)
-    spec = LabSpec(n or 0, backend, check_timeout(timeout), check_timeout(grace, "grace", example=2),
-                   check_timeout(pg_timeout, "pg_timeout"), bool(debug))
+    spec = LabSpec(world_size=n or 0, backend=backend, timeout=check_timeout(timeout),
+                   grace=check_timeout(grace, "grace", example=2),
+                   pg_timeout=check_timeout(pg_timeout, "pg_timeout"), debug=bool(debug))
     if backend not in ("auto", "gloo", "nccl"):
         raise ConfigError(f"ddplab: backend={backend!r} is not one ddplab knows. "
                           f"Use one of 'auto', 'gloo', 'nccl'.")
@@ -474,12 +435,11 @@ def attach(url_file: str | None = None, *, profile: str | None = None,
 
 
 def _make_current(lab: HostLab) -> HostLab:
-    if _cluster._current is not None:
-        _cluster._current.stop()
-    lab._launch()
-    _cluster._current = lab
+    cluster.stop_current()
+    lab.start()
+    cluster.make_current(lab)
     names = ", ".join(f"{h['address']} ({len(h['ranks'])})" for h in lab.hosts)
     display.say(f"ddplab: {lab.world_size} ranks ready on {len(lab.hosts)} hosts [{names}], "
                 f"backend {lab.backend_reason}.")
-    _cluster._register_magics()
+    magics.register()
     return lab

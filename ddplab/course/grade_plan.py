@@ -6,7 +6,7 @@ The reference notebook names the exercises: each check cell has id
 them by id (by tag and source when a tool lost the ids), never by position.
 ``plan`` lists the cells to run, the reference's copy in place of each check
 cell, a deleted check cell put back after its exercise; ``score`` turns what
-``ddplab.grade_run.execute`` recorded into one ``Mark`` per exercise.
+``ddplab.course.grade_run.execute`` recorded into one ``Mark`` per exercise.
 """
 
 from __future__ import annotations
@@ -17,11 +17,8 @@ from pathlib import Path
 
 import nbformat
 
+from ..errors import GradeError
 from .grade_run import Step, difference
-
-
-class GradeError(ValueError):
-    """The grading cannot start: a reference notebook is missing or unusable."""
 
 
 @dataclass

@@ -30,13 +30,11 @@ from pathlib import Path
 
 import nbformat
 
+from ..errors import ReleaseError
+
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
-
-
-class ReleaseError(ValueError):
-    """A course notebook whose solution markers cannot be turned into a stub."""
 
 
 def strip_solutions(source: str, where: str = "cell") -> str:
@@ -91,6 +89,16 @@ def release_notebook(nb, name: str = "notebook"):
     return student
 
 
+def read_notebook(path: Path, error: type[Exception]):
+    """The notebook at ``path``; ``error`` naming the path and the fix if it is not one."""
+    try:
+        return nbformat.read(path, as_version=4)
+    except Exception as e:        # not JSON, not a notebook, unreadable
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise error(f"ddplab: {path} is not a readable notebook ({reason[:120]}). Fix or "
+                    f"replace the file (re-save it from Jupyter, or restore it from git).") from e
+
+
 def notebooks_in(paths: list[str | Path]) -> list[Path]:
     """The ``.ipynb`` files named, and those inside named folders (sorted, no checkpoints)."""
     found: list[Path] = []
@@ -99,6 +107,9 @@ def notebooks_in(paths: list[str | Path]) -> list[Path]:
             found += sorted(p for p in path.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
         elif path.suffix == ".ipynb" and path.is_file():
             found.append(path)
+        elif not path.exists():
+            raise FileNotFoundError(f"ddplab: {path} does not exist. Check the path, and name "
+                                    f"notebooks (.ipynb) or folders that hold them.")
         else:
             raise FileNotFoundError(f"ddplab: {path} is neither a notebook (.ipynb) nor a folder. "
                                     f"Name notebooks or folders that hold them.")
@@ -120,7 +131,7 @@ def release(paths: list[str | Path], out_dir: str | Path) -> list[Path]:
     if twice:
         raise ReleaseError(f"ddplab release: two notebooks are named {twice[0]}; released "
                            f"notebooks share one folder, so give them different names.")
-    students = [release_notebook(nbformat.read(p, as_version=4), p.name) for p in sources]
+    students = [release_notebook(read_notebook(p, ReleaseError), p.name) for p in sources]
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for path, nb in zip(sources, students):

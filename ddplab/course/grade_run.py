@@ -1,6 +1,6 @@
 """Run one submission's cells in a kernel of its own, and survive what students write.
 
-``ddplab.grade`` turns a submission into a list of ``Step``s (the student's
+``ddplab.course.grade`` turns a submission into a list of ``Step``s (the student's
 cells, with the reference check cells in place of the student's copies);
 ``execute`` runs them one by one in a fresh Jupyter kernel through nbclient,
 nbval's own executor library, and records each cell's status and outputs.
@@ -15,7 +15,7 @@ What can go wrong in a cell, and what happens:
 - the kernel dies (a crash, ``os._exit``), or an engine dies: recovered.
 
 Recovering means: kill the kernel (its lab's engines and controller exit with
-it, see ``ddplab.guard``), start a new one, and replay the cells before the
+it, see ``ddplab.rank.guard``), start a new one, and replay the cells before the
 failure, with the reference solution in place of every exercise already
 failed, so the exercises after it are graded on a correct state. A cell
 that fails during the replay is not graded again; if the replay itself
@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 import nbformat
-import psutil
+
+from .. import procs
 
 # Output fields that never match run to run; nbval skips the same ones
 # (plus images, which it compares only with nbdime).
@@ -40,15 +41,9 @@ SKIP_COMPARE = {"metadata", "traceback", "prompt_number", "output_type", "name",
 # Asked after a cell failed: is the lab this kernel started still usable?
 PROBE = """\
 def _ddplab_grade_probe():
-    import ddplab.cluster as cluster
-    lab = cluster._current
-    if lab is None or not lab.running:
-        return "ok"
-    try:
-        lab._ready()
-    except Exception:
-        return "broken"
-    return "ok"
+    import ddplab.lab.cluster as cluster
+    lab = cluster.current_or_none()
+    return "ok" if lab is None or not lab.running or lab.healthy else "broken"
 print("ddplab-probe:", _ddplab_grade_probe())
 del _ddplab_grade_probe"""
 
@@ -71,7 +66,7 @@ class Step:
 def sanitize_patterns() -> list[tuple[str, str]]:
     """The (regex, replacement) pairs of the sanitize file shipped with ddplab."""
     from nbval.plugin import get_sanitize_patterns
-    text = resources.files("ddplab").joinpath("nbval_sanitize.cfg").read_text()
+    text = resources.files("ddplab.course").joinpath("nbval_sanitize.cfg").read_text()
     return get_sanitize_patterns(text)
 
 
@@ -188,23 +183,14 @@ class Kernel:
         """Kill the kernel and wait until every process it started (engines, controller) is gone."""
         km = self.client.km
         pid = getattr(getattr(km, "provisioner", None), "pid", None) if km else None
-        try:
-            family = psutil.Process(pid).children(recursive=True) if pid else []
-        except psutil.Error:
-            family = []
+        family = procs.Tree(procs.descendants(pid) if pid else [])   # found before it dies
         try:
             self.client._cleanup_kernel()
         except Exception:
             pass
-        # ddplab's guard ends a lab within about a second of its kernel's death;
-        # whatever is still there after a generous wait is killed outright.
-        _, alive = psutil.wait_procs(family, timeout=15)
-        for process in alive:
-            try:
-                process.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        # ddplab's guard ends a lab within about a second of its kernel's death,
+        # even an engine stuck in C++ that ignores SIGTERM; the grace is generous.
+        family.end(grace=15)
 
 
 def execute(steps: list[Step], cwd: str, cell_timeout: float) -> None:

@@ -1,7 +1,7 @@
 """Run a Python module, and exit when the process that started us dies.
 
 ddplab launches ipyparallel's controller and engines as
-``python -m ddplab.guard MODULE ARGS...``. The guard:
+``python -m ddplab.rank.guard MODULE ARGS...``. The guard:
 
 1. watches its parent (the notebook kernel, whose pid is in
    ``DDPLAB_PARENT_PID``): if the kernel dies, even by ``kill -9``, this
@@ -10,7 +10,7 @@ ddplab launches ipyparallel's controller and engines as
 2. optionally imports modules first (``DDPLAB_PRELOAD=torch``) so an engine
    loads torch while the controller is still starting, not afterwards.
 3. runs MODULE in this same process (``runpy``), so the pid ipyparallel
-   records is the pid of the real engine: ddplab signals engines by pid.
+   records is the pid of the real engine, the one ddplab.procs signals.
 """
 
 from __future__ import annotations
@@ -32,14 +32,10 @@ def _parent_alive(parent_pid: int) -> bool:
     return os.getppid() == parent_pid
 
 
-def _kill_children() -> None:
+def _end_children() -> None:
     # The controller forks its schedulers; os._exit would leave them behind.
-    import psutil
-    for child in psutil.Process().children(recursive=True):
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
+    from ddplab import procs
+    procs.end_tree(*procs.descendants(os.getpid()), grace=1)
 
 
 def watch_parent(parent_pid: int, cleanup_dir: str | None = None) -> threading.Thread:
@@ -48,9 +44,15 @@ def watch_parent(parent_pid: int, cleanup_dir: str | None = None) -> threading.T
     def watch() -> None:
         while _parent_alive(parent_pid):
             time.sleep(POLL_SECONDS)
-        _kill_children()
+        _end_children()
         if cleanup_dir:
             shutil.rmtree(cleanup_dir, ignore_errors=True)
+        if os.getsid(0) == os.getpid():
+            # We lead our session: end what our code started in it, orphans included.
+            from ddplab import procs
+            tree = procs.Tree()
+            tree.add_session(os.getpid())
+            tree.end(grace=0)
         # os._exit: the main thread may be blocked inside a C++ collective,
         # where no Python-level shutdown could ever run.
         os._exit(3)
@@ -62,7 +64,14 @@ def watch_parent(parent_pid: int, cleanup_dir: str | None = None) -> threading.T
 
 def main(argv: list[str]) -> None:
     if not argv:
-        sys.exit("usage: python -m ddplab.guard MODULE [ARGS...]")
+        sys.exit("usage: python -m ddplab.rank.guard MODULE [ARGS...]")
+    try:
+        # A session (and process group) of our own, as an engine forked by the
+        # template already has: ddplab ends it as a group, with everything the
+        # rank's code started in it.
+        os.setsid()
+    except OSError:
+        pass                                # already a session leader
     parent = os.environ.get("DDPLAB_PARENT_PID")
     if parent:
         watch_parent(int(parent), os.environ.get("DDPLAB_CLEANUP_DIR") or None)

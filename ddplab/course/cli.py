@@ -3,6 +3,7 @@
     ddplab doctor                                  # can this machine run a lab?
     ddplab release notebooks/ -o release/          # student versions: solutions become stubs
     ddplab grade submitted/ --reference notebooks/ --csv grades.csv --junit grades.xml
+    ddplab notebooks course/ [--reference]        # the shipped notebooks: student (or reference) versions
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+
+from ..text import plural
 
 
 def doctor() -> int:
@@ -62,14 +65,20 @@ def main(argv: list[str] | None = None) -> int:
     rel.add_argument("-o", "--output", required=True, help="folder for the student versions")
     gr = sub.add_parser("grade", help="grade submitted notebooks against the reference outputs")
     gr.add_argument("submissions", nargs="+", help="submitted notebooks, or folders of them")
-    gr.add_argument("--reference", required=True,
-                    help="the course's notebooks folder (matched by file name), or one notebook")
+    gr.add_argument("--reference", default=None,
+                    help="the course's notebooks folder (matched by file name), or one notebook "
+                         "(default: the notebooks that ship with ddplab)")
     gr.add_argument("--jobs", type=int, default=None,
                     help="submissions graded at once (default: the machine's cores)")
     gr.add_argument("--cell-timeout", type=float, default=None,
                     help="seconds a cell may run before it is stopped (default 120)")
     gr.add_argument("--csv", help="also write the grades as CSV to this file")
     gr.add_argument("--junit", help="also write JUnit XML (one test case per exercise) to this file")
+    nbs = sub.add_parser("notebooks", help="copy the course notebooks that ship with ddplab; "
+                                           "notebooks already in DEST are kept, never overwritten")
+    nbs.add_argument("dest", help="folder to copy them into")
+    nbs.add_argument("--reference", action="store_true",
+                     help="the reference versions, solutions in (default: the student versions)")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return doctor()
@@ -77,12 +86,31 @@ def main(argv: list[str] | None = None) -> int:
         return release(args)
     if args.command == "grade":
         return grade(args)
+    if args.command == "notebooks":
+        return notebooks(args)
     return 2
+
+
+def notebooks(args) -> int:
+    """Copy the shipped notebooks into args.dest, keeping any already there."""
+    from ddplab.course.notebooks import CourseError, copy_notebooks
+
+    try:
+        written, kept = copy_notebooks(args.dest, reference=args.reference)
+    except (CourseError, OSError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    kind = "reference" if args.reference else "student"
+    for path in written:
+        print(f"copied {path} ({kind} version)")
+    for path in kept:
+        print(f"kept   {path} (already there: never overwritten)")
+    return 0
 
 
 def release(args) -> int:
     """Write the student version of each notebook; exit 2 with the reason if one is unfit."""
-    from ddplab.release import ReleaseError, release as write
+    from ddplab.course.release import ReleaseError, release as write
 
     try:
         written = write(args.notebooks, args.output)
@@ -96,24 +124,27 @@ def release(args) -> int:
 
 def grade(args) -> int:
     """Grade, print the table, write CSV/JUnit; exit 0 if every exercise passed, else 1."""
-    from ddplab import report
-    from ddplab.grade import DEFAULT_CELL_TIMEOUT, GradeError, grade as run
+    from ddplab.course import report
+    from ddplab.course.grade import DEFAULT_CELL_TIMEOUT, GradeError, grade as run
 
     def progress(g) -> None:
         done = g.error or f"{g.score}/{len(g.marks)} in {g.seconds:.0f} s"
         print(f"graded {g.student} ({g.notebook}): {done}", file=sys.stderr, flush=True)
 
     timeout = args.cell_timeout if args.cell_timeout else DEFAULT_CELL_TIMEOUT
+    if args.reference is None:
+        from ddplab.course.notebooks import reference_dir
+        args.reference = str(reference_dir())
     begin = time.perf_counter()
     try:
         grades = run(args.submissions, args.reference, jobs=args.jobs, cell_timeout=timeout,
                      progress=progress)
-    except GradeError as e:
+    except (GradeError, FileNotFoundError) as e:   # ordinary mistakes: one line, exit 2
         print(e, file=sys.stderr)
         return 2
     print(report.table(grades), end="")
-    plural = "s" if len(grades) != 1 else ""
-    print(f"\n{len(grades)} submission{plural} graded in {time.perf_counter() - begin:.0f} s")
+    took = time.perf_counter() - begin
+    print(f"\n{len(grades)} {plural(len(grades), 'submission')} graded in {took:.0f} s")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             f.write(report.to_csv(grades))

@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 
 
-def _in_kernel() -> bool:
+def in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel (rich display, display ids), not a terminal."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -50,7 +51,7 @@ def replay(rank: int, events: list[tuple], note: str = "") -> None:
 
 
 def _publish(data: dict, metadata: dict) -> None:
-    if _in_kernel():
+    if in_kernel():
         from IPython.display import publish_display_data
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,0 +1,69 @@
+"""The Lab: a torch.distributed process group you drive from a notebook.
+
+Lifecycle
+---------
+``lab = ddplab.start(world_size=2)`` starts, through ipyparallel's Cluster API,
+one controller and one engine process per rank, all on 127.0.0.1. Each engine
+gets the environment torchrun would give it (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, OMP_NUM_THREADS) and calls
+``init_process_group``: by default through a TCPStore that rank 0 opens on a
+port it bound first (race-free); ``start(init_method="env" | "tcp" | "file")``
+uses torch's own ``env://``, ``tcp://`` or ``file://`` instead. ddplab numbers the
+ranks itself, 0..N-1, and every result and every line of output is keyed and
+ordered by that rank.
+
+- ``start(init_method=None)`` starts bare ranks: no group, no torchrun
+  variables; the student calls ``init_process_group`` in ``%%rank`` cells (a
+  free ``port``, ``rank``, ``world_size`` and ``lab_dir`` wait in each rank's
+  namespace). After that, everything works as on a lab that joined by itself.
+- ``start()`` with the same arguments returns the running lab; with other
+  arguments it stops the old lab and starts a new one.
+- ``lab.run(fn, ...)`` calls a function on the ranks; ``%%ranks`` and
+  ``%%rank N`` run a cell there. Each rank keeps its namespace across cells.
+- ``with lab.trace() as tr:`` (or ``%%ranks --trace``) records what the ranks'
+  torch.distributed calls did and draws it as a timeline; see ``ddplab.trace``.
+- ``lab.restart()`` replaces every engine (same ranks, fresh processes).
+- ``lab.stop()``, or leaving ``with ddplab.start(...) as lab:``, ends every
+  process the lab started and removes its files.
+
+Failure modes, and what you see
+-------------------------------
+- Code raises on a rank: ``RankError`` with that rank's traceback.
+- Ranks wait for each other forever (a deadlock): after ``timeout`` seconds,
+  ``HangError`` says per rank whether it finished, failed or is still running,
+  and where a stuck rank is blocked, e.g. ``rank 0: still in send (cell line 3)``.
+  The stuck engines cannot be freed from inside; ``lab.restart()`` recovers.
+- A ``%%rank N`` cell that is still running after ``grace`` seconds (a send
+  waiting for its recv) returns at once and keeps running on its rank; its
+  output appears under the next ddplab cell that finishes, or ``lab.wait()``.
+- Bare ranks waiting in ``init_process_group`` for the others: a ``%%rank``
+  cell returns after ``grace`` saying so; a group that never fills (a wrong
+  world_size or port, a rank that never joins) becomes a ``HangError`` that
+  says what that usually means.
+- An engine dies (kill -9, out of memory): the next call raises
+  ``EngineDiedError`` naming the rank; ``lab.restart()`` recovers.
+- Kernel > Interrupt: the ranks get SIGINT. If they stop, the lab is usable;
+  if one is blocked in C++ and cannot stop, the message says to restart.
+- The kernel dies, even by kill -9: every engine and the controller notice
+  their parent is gone and exit within about a second (``ddplab.rank.guard``).
+
+Where things are
+----------------
+- ``session``: ``start()``: one host or several.
+- ``cluster``: ``Lab``, ``current()``: one lab on this machine.
+- ``multihost``: ``attach()`` and labs whose ranks live on several hosts.
+- ``magics``: the ``%%ranks`` / ``%%rank N`` cell magics.
+- ``template``: engines forked from a warm process that imported torch once.
+- ``display``: rank-ordered output in the notebook; ``live``: output while a cell runs.
+- ``diagnose``: where a stuck rank is blocked, from its stack, and why an engine died.
+
+Every process a lab starts is ended by ``ddplab.procs``.
+
+The code that runs inside each engine is in ``ddplab.rank``.
+"""
+
+from .cluster import Lab, LabSpec, current
+from .multihost import attach
+from .session import start
+
+__all__ = ["Lab", "LabSpec", "attach", "current", "start"]

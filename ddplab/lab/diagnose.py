@@ -1,0 +1,182 @@
+"""Where is a stuck rank? Read its Python stack without stopping it.
+
+Each rank registers ``faulthandler`` on SIGUSR1 when it joins the group
+(see ``engine.join_group``). faulthandler runs in C, so it answers even when
+the rank's main thread is blocked inside a C++ collective and no Python code
+can run there. We send the signal, read the dump the rank wrote to its stack
+file, and boil it down to one line such as ``in all_reduce (cell line 3)``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+from .. import procs
+from ..rank.engine import CELL_FILENAME, relative_to_site_packages
+from ..text import plural
+
+_FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>\S+)')
+_CELL_PREFIX = CELL_FILENAME.split("{")[0]
+# Frames in these files are plumbing between the user's call and the real one.
+_WRAPPERS = {"wrapper", "_wrapper", "inner", "_inner"}
+
+
+def dump_stack(process: procs.Member, stack_file: str, deadline: float) -> str:
+    """Ask a rank's process (pid or psutil handle) for its stacks; the dump ("" if none came)."""
+    try:
+        start = os.path.getsize(stack_file)
+    except OSError:
+        return ""
+    if not procs.send(process, signal.SIGUSR1):
+        return ""
+    size, stable_since = start, None
+    # faulthandler writes in a few bursts; wait until the file stops growing.
+    while time.monotonic() < deadline:
+        now = os.path.getsize(stack_file)
+        if now > size:
+            size, stable_since = now, time.monotonic()
+        elif stable_since and time.monotonic() - stable_since > 0.1:
+            break
+        time.sleep(0.02)
+    with open(stack_file, encoding="utf-8", errors="replace") as f:
+        f.seek(start)
+        return f.read()
+
+
+def main_thread_stack(dump: str) -> list[tuple[str, int, str]]:
+    """Frames ``(file, line, function)`` of the thread running user code, innermost first.
+
+    faulthandler prints every thread; the one we want is the thread whose
+    stack contains a rank cell, or else the one marked as the current thread's
+    peer "Thread ... (most recent call first)" that holds the most frames.
+    """
+    threads: list[list[tuple[str, int, str]]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread ", "Current thread ")):
+            threads.append([])
+            continue
+        match = _FRAME.match(line)
+        if match and threads:
+            threads[-1].append((match["file"], int(match["line"]), match["func"]))
+    for frames in threads:
+        if any(f.startswith(_CELL_PREFIX) for f, _, _ in frames):
+            return frames
+    for frames in threads:
+        if any("/torch/distributed/" in f for f, _, _ in frames):
+            return frames
+    return max(threads, key=len, default=[])
+
+
+def _is_library(path: str) -> bool:
+    return ("site-packages" in path or "/lib/python" in path or "/ddplab/" in path
+            or path.startswith("<frozen"))
+
+
+def where(frames: list[tuple[str, int, str]]) -> str:
+    """One line: the torch.distributed call a rank is in, and where the user called it.
+
+    >>> where([(".../torch/distributed/distributed_c10d.py", 9, "send"),
+    ...        ("<rank cell 2>", 3, "<module>")])
+    'in send (cell line 3)'
+    """
+    if not frames:
+        return "somewhere (no stack could be read)"
+    call = next((func for path, _, func in frames
+                 if "/torch/distributed/" in path and func not in _WRAPPERS), None)
+    user = next(((path, line, func) for path, line, func in frames
+                 if path.startswith(_CELL_PREFIX) or not _is_library(path)), None)
+    if any(func == "init_process_group" and "/torch/distributed/" in path
+           for path, _, func in frames):
+        call = "init_process_group"       # not the store or rendezvous helper it waits in
+    what = f"in {call}" if call else f"in {frames[0][2]}"
+    if user is None:
+        return what
+    path, line, func = user
+    if path.startswith(_CELL_PREFIX):
+        return f"{what} (cell line {line})"
+    return f"{what} (called from {func}, {os.path.basename(path)} line {line})"
+
+
+def format_stack(frames: list[tuple[str, int, str]], limit: int = 8) -> str:
+    """The frames from the user's code inward, outermost first, like a traceback."""
+    outer = next((i for i, (path, _, _) in enumerate(frames)
+                  if path.startswith(_CELL_PREFIX) or not _is_library(path)), len(frames) - 1)
+    shown = list(reversed(frames[:outer + 1][:limit]))
+    return relative_to_site_packages(
+        "\n".join(f'    File "{path}", line {line}, in {func}' for path, line, func in shown))
+
+
+def waiting_to_join(where_line: str) -> bool:
+    """Is a rank, by its ``where()`` line, waiting in ``init_process_group``?"""
+    return where_line.startswith("in init_process_group")
+
+
+def joining_message(ranks: list[int], world_size: int) -> str:
+    """What a ``%%rank`` cell says when it returns while its ranks wait for the group to fill."""
+    many = len(ranks) > 1
+    names = ", ".join(map(str, ranks))
+    return (f"ddplab: {plural(len(ranks), 'rank')} {names} {'are' if many else 'is'} waiting in "
+            f"init_process_group for the other ranks to join. {'They keep' if many else 'It keeps'} "
+            f"running: run the matching init_process_group on the other ranks, and the group "
+            f"completes on all of them. The output appears under the next ddplab cell that "
+            f"finishes, or call lab.wait().")
+
+
+def join_hint(world_size: int) -> str:
+    """Why ranks stay in ``init_process_group``, for a HangError."""
+    return ("Ranks waiting in init_process_group are waiting for the group to fill: it completes "
+            "only when world_size ranks have called it, each with a different rank, at the same "
+            "meeting point (MASTER_ADDR:MASTER_PORT, the tcp:// address, or the file:// path). "
+            "That usually means one of: a world_size larger than the number of ranks that call it "
+            f"(this lab has {world_size}); a rank that has not run its init_process_group yet; "
+            "ranks given different ports, addresses or files (or a file left over from an "
+            "earlier group); two ranks that claimed the same rank.")
+
+
+def activity(frames: list[tuple[str, int, str]]) -> tuple[bool, str]:
+    """Whether a running rank is inside a torch.distributed call, and where it is.
+
+    ``(True, "in send (cell line 1)")`` for a rank blocked in a send;
+    ``(False, "at cell line 3")`` for one sleeping or computing in a cell.
+    """
+    if not frames:
+        return False, "somewhere (no stack could be read)"
+    in_dist = any("/torch/distributed/" in path for path, _, _ in frames)
+    if in_dist:
+        return True, where(frames)
+    cell = next((line for path, line, _ in frames if path.startswith(_CELL_PREFIX)), None)
+    if cell is not None:
+        return False, f"at cell line {cell}"
+    return False, where(frames)
+
+
+def death(ended: dict) -> str:
+    """Why an engine died, from how it ended (``{"exit": code}`` or ``{"signal": n}``).
+
+    The sentence follows "the engine of rank 1 ...".
+    """
+    if "exit" in ended:
+        return (f"exited with code {ended['exit']} (the rank's code, or a library it called, "
+                f"ended the process: os._exit, sys.exit in a thread, or a fatal error).")
+    number = ended.get("signal")
+    if number is None:
+        return "died (its exit status is unknown: killed, or out of memory)."
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    if number == signal.SIGKILL:
+        return (f"was killed ({name}): most likely out of memory (the kernel's OOM killer; "
+                f"see dmesg), or a kill -9.")
+    if number == signal.SIGSEGV:
+        return (f"crashed ({name}, a segmentation fault): a bug in C/C++ code, or a C "
+                f"extension given memory it must not touch.")
+    if number == signal.SIGABRT:
+        return (f"aborted ({name}): a C++ error inside torch. In a collective this usually "
+                f"means the ranks passed tensors of different shapes or dtypes; run it again "
+                f"in ddplab.start(debug=True), which checks every collective and names the "
+                f"mismatch.")
+    return f"was ended by {name}."

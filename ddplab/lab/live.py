@@ -1,0 +1,102 @@
+"""Live output in the notebook while ranks run: one area per rank, in rank order.
+
+Each rank publishes its *screen* (its last lines, ``\\r`` already applied; see
+``ddplab.rank.live``) while a cell runs. The kernel's wait loop hands the
+latest screens to a ``Board``, which shows one area per rank, rank 0 first,
+each under its ``[rank N]`` label with a short status, updated in place with
+IPython's display ids (never interleaved by arrival).
+
+The areas are scaffolding, not output: they are made only once some rank has
+printed and the cell has run ``OPEN_AFTER`` seconds, they start and end empty
+(``display_data`` with no data, which nbval and ``ddplab grade`` skip and
+``tools/clean_notebook.py`` removes), and when
+the cell ends they are emptied and the final rank-ordered text is printed as
+before. So a stored notebook is the same with or without them. Outside a
+Jupyter kernel (a terminal, a script) there is no board: output comes out in
+rank order when the cell ends, as it always did.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Any
+
+from ..rank.live import KEY
+from . import display
+
+#: Lines of a rank's screen shown in its live area.
+LINES = 20
+#: Seconds a wait runs before its areas may open: quick cells never get any, so
+#: their stored output cannot even hold an empty area.
+OPEN_AFTER = 1.0
+_ids = itertools.count()
+
+
+def screen(result: Any) -> str | None:
+    """The latest screen a rank published for ``result`` (an AsyncResult), if any."""
+    try:
+        return (result.data or {}).get(KEY)
+    except Exception:
+        return None
+
+
+def status(task: Any) -> str:
+    """``running``, ``finished`` or ``failed``, from a cluster ``_Task``."""
+    if task.outcome is None:
+        return "running"
+    return "finished" if task.outcome["ok"] else "failed"
+
+
+class Board:
+    """The live areas of one wait. ``update`` often, ``close`` once at the end."""
+
+    def __init__(self) -> None:
+        self.enabled = display.in_kernel()
+        self._begin = time.monotonic()
+        self._ids: list[str] = []
+        self._shown: list[str] = []
+
+    def update(self, tasks: list[Any]) -> None:
+        """Show each task's rank, status and screen; tasks in rank order."""
+        if not self.enabled:
+            return
+        try:
+            ordered = sorted(tasks, key=lambda t: t.rank)
+            screens = [screen(t.result) for t in ordered]
+            if not self._ids:
+                if not any(screens) or time.monotonic() - self._begin < OPEN_AFTER:
+                    return
+                self._open(len(ordered))
+            for i, (task, text) in enumerate(zip(ordered, screens)):
+                if i >= len(self._ids):
+                    break
+                lines = (text or "").rstrip("\n").split("\n")[-LINES:] if text else []
+                body = "\n".join([display.rank_label(task.rank, f"({status(task)})")] + lines)
+                if body != self._shown[i]:
+                    self._shown[i] = body
+                    self._send(self._ids[i], {"text/plain": body}, update=True)
+        except Exception:            # a live view must never be why a cell fails
+            self.enabled = False
+
+    def _open(self, n: int) -> None:
+        base = f"ddplab-live-{os.getpid()}-{next(_ids)}"
+        self._ids = [f"{base}-{i}" for i in range(n)]
+        self._shown = [""] * n
+        for display_id in self._ids:
+            self._send(display_id, {}, update=False)
+
+    def close(self) -> None:
+        """Empty every area: the final output follows, printed as before."""
+        for display_id in self._ids:
+            try:
+                self._send(display_id, {}, update=True)
+            except Exception:
+                pass
+        self._ids, self._shown = [], []
+
+    @staticmethod
+    def _send(display_id: str, data: dict, update: bool) -> None:
+        from IPython.display import publish_display_data
+        publish_display_data(data=data, transient={"display_id": display_id}, update=update)

@@ -1,0 +1,177 @@
+"""Engines forked from a warm template, through ipyparallel's launcher extension point.
+
+ipyparallel starts each engine with a launcher class; ``LocalEngineSetLauncher``
+runs ``Popen`` per engine, and every engine then imports torch on its own.
+``ForkedEngineSetLauncher`` is the same launcher with one change: it asks the
+kernel's template process (``ddplab.rank.template``), which imported torch once,
+to fork the engine instead. Everything else (the command line, the environment,
+the log file, how ipyparallel watches and stops the engine) is ipyparallel's.
+
+One template serves every lab and restart of a kernel; it starts with the first
+lab, so that lab pays one import of torch instead of one per rank, and a
+restart pays none. ``lab.stop()`` ends it; so does the kernel's exit, even by
+``kill -9`` (it polls its parent).
+
+Set ``DDPLAB_FORK=0`` to start engines as plain processes instead (the template
+needs ``fork``, so it is only used on Linux).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import psutil
+from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
+
+from .. import procs
+from ..errors import DdplabError
+
+READY_TIMEOUT_S = 120
+SOCKET_NAME = "fork.sock"
+
+
+def enabled() -> bool:
+    """Whether labs fork their engines from the template (Linux, unless DDPLAB_FORK=0)."""
+    return sys.platform.startswith("linux") and os.environ.get("DDPLAB_FORK", "1") != "0"
+
+
+class Template:
+    """The template process of this kernel: forks engines on request."""
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="ddplab-template-")    # mode 0700
+        env = dict(os.environ, DDPLAB_PARENT_PID=str(os.getpid()))
+        # A session of its own: Kernel > Interrupt must not reach it.
+        self.process = procs.start(
+            [sys.executable, "-m", "ddplab.rank.template",
+             os.path.join(self.directory, SOCKET_NAME)], stdout=subprocess.PIPE, env=env)
+        self._ready = False
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def _wait_ready(self) -> None:
+        if self._ready:
+            return
+        # The template prints "ready" once torch is imported and it listens.
+        line = self.process.stdout.readline()
+        if line.strip() != b"ready":
+            self.stop()
+            raise DdplabError("ddplab: the engine template process could not start "
+                              f"(it exited with {self.process.poll()}). Set DDPLAB_FORK=0 to "
+                              "start engines as plain processes, and report this.")
+        self._ready = True
+
+    def _ask(self, request: dict) -> dict:
+        self._wait_ready()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(READY_TIMEOUT_S)
+            conn.connect(os.path.join(self.directory, SOCKET_NAME))
+            with conn.makefile("rwb") as stream:
+                stream.write(json.dumps(request).encode() + b"\n")
+                stream.flush()
+                return json.loads(stream.readline())
+
+    def fork(self, argv: list[str], env: dict, cwd: str, output: str) -> int:
+        """Fork a child that runs ``argv`` (a ``python -m ddplab.rank.guard ...`` line); its pid."""
+        return int(self._ask({"argv": argv, "env": env, "cwd": cwd, "output": output})["pid"])
+
+    def ended(self, pid: int) -> dict:
+        """How child ``pid`` ended: ``{"exit": code}``, ``{"signal": n}``, or ``{}`` if unknown."""
+        if not self.alive:
+            return {}
+        try:
+            return self._ask({"status": pid})
+        except OSError:
+            return {}
+
+    def stop(self) -> None:
+        """End the template; it ends whatever children it still has."""
+        procs.end_tree(self.process, grace=5)
+        self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        # The template removes its directory as it exits; a SIGKILLed one cannot.
+        import shutil
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+_template: Template | None = None
+
+
+def shared() -> Template:
+    """This kernel's template, started on first use (and again if it died)."""
+    global _template
+    if _template is None or not _template.alive:
+        if _template is not None:
+            _template.stop()
+        _template = Template()
+        atexit.register(stop)
+    return _template
+
+
+def warm() -> None:
+    """Start the template now, so torch imports while the controller starts."""
+    if enabled():
+        shared()
+
+
+_users: set[int] = set()     # id() of the running labs whose engines the template forked
+
+
+def use(lab: object) -> None:
+    """Note that ``lab`` runs engines forked from the template."""
+    _users.add(id(lab))
+
+
+def release(lab: object) -> None:
+    """``lab`` stopped; end the template if no running lab uses it any more."""
+    _users.discard(id(lab))
+
+
+def stop_if_unused() -> None:
+    """End the template unless a running lab still has engines forked from it."""
+    if not _users:
+        stop()
+
+
+def stop() -> None:
+    """End this kernel's template, if it runs (the next lab starts a new one)."""
+    global _template
+    if _template is not None:
+        _template.stop()
+        _template = None
+        atexit.unregister(stop)
+
+
+def ended(pid: int) -> dict:
+    """How an engine the template forked ended (see ``Template.ended``)."""
+    return _template.ended(pid) if _template is not None else {}
+
+
+class ForkedEngineLauncher(LocalEngineLauncher):
+    """One engine, forked from the template instead of started with ``Popen``."""
+
+    def start(self):
+        env = os.environ.copy()
+        env.update(self.get_env())
+        pid = shared().fork(self.args, env, self.work_dir, self.output_file)
+        self.pid = pid
+        self.process = psutil.Process(pid)
+        self.notify_start(pid)
+        self._start_waiting()
+
+
+class ForkedEngineSetLauncher(LocalEngineSetLauncher):
+    """ipyparallel's local engine set, each engine forked from the template."""
+
+    launcher_class = ForkedEngineLauncher
+
+

@@ -1,0 +1,187 @@
+"""The one place that starts, watches and ends process trees.
+
+Every process ddplab starts (a lab's controller and engines, a launch's
+torchrun, a training run, a grading worker or kernel) is ended here, by one
+policy, ``Tree.end``:
+
+1. Find the whole tree first. Each member is frozen (SIGSTOP) before its
+   children are listed, so none can start a process we do not see.
+2. Send SIGTERM to every member, children before parents, then let them run
+   again (SIGCONT) so they can act on it.
+3. Wait up to ``grace`` seconds for them to exit (``grace=0``: do not wait;
+   an engine stuck in a C++ collective never acts on SIGTERM anyway).
+4. SIGKILL what is left, and anything it started meanwhile.
+5. Wait until every member is gone (a zombie counts as gone: our own
+   children are left for their ``Popen`` to reap, which records the exit code).
+
+Members are ``psutil.Process`` objects, taken while the process was known to
+be the one we mean; psutil compares its start time before every signal, so a
+pid the OS has since given to another process is never signalled. A tree can
+also hold whole sessions (``sessions=True``, ``add_session``): what a process
+started with ``start`` left in its session is found even after its parent died.
+"""
+
+from __future__ import annotations
+
+import os
+import signal as _signal
+import subprocess
+import time
+from typing import Iterable, Union
+
+import psutil
+
+Member = Union[int, psutil.Process, subprocess.Popen]
+#: How long ``end`` waits for SIGKILLed processes to disappear.
+KILL_WAIT_S = 10.0
+
+
+def process(member: Member) -> psutil.Process | None:
+    """A psutil handle for a pid, a Popen or a handle; None if it is gone already."""
+    if isinstance(member, psutil.Process):
+        return member
+    pid = member.pid if isinstance(member, subprocess.Popen) else int(member)
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def alive(member: Member | None) -> bool:
+    """Whether the process still runs: it exists, is the same process, and is not a zombie."""
+    handle = process(member) if member is not None else None
+    try:
+        return handle is not None and handle.is_running() and \
+            handle.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
+
+
+def descendants(member: Member) -> list[psutil.Process]:
+    """Every live descendant of a process (empty if it is gone)."""
+    handle = process(member)
+    try:
+        return handle.children(recursive=True) if handle is not None else []
+    except psutil.Error:
+        return []
+
+
+def send(member: Member, sig: int) -> bool:
+    """Send ``sig`` to one process if it is still the same process; whether it was sent."""
+    handle = process(member)
+    try:
+        if handle is None:
+            return False
+        handle.send_signal(sig)
+        return True
+    except psutil.Error:
+        return False
+
+
+def start(command: list[str], **popen_kwargs) -> subprocess.Popen:
+    """Start ``command`` in a session of its own (so the kernel's Ctrl-C and group are not its)."""
+    popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.Popen(command, start_new_session=True, **popen_kwargs)
+
+
+class Tree:
+    """Processes to end together: some roots, and every descendant noted while they ran.
+
+    A process whose parent exits is handed to init and no longer shows up as
+    anyone's descendant, so callers that wait on long-running trees call
+    ``note()`` now and then; ``end()`` then reaches those orphans too. With
+    ``sessions=True`` the roots were started by ``start`` (each leads a session
+    of its own), and every process still in one of those sessions is a member.
+    """
+
+    def __init__(self, roots: Iterable[Member] = (), *, sessions: bool = False) -> None:
+        self.members: list[psutil.Process] = []
+        self._sessions: set[int] = set()
+        for root in roots:
+            self.add(root, session=sessions)
+
+    def add(self, member: Member, *, session: bool = False) -> psutil.Process | None:
+        """Make a process a member (never this process itself); its handle, or None if gone.
+
+        ``session``: it leads a session (``start`` started it), and every
+        process left in that session is a member too.
+        """
+        handle = process(member)
+        if handle is not None and session:
+            self._sessions.add(handle.pid)
+        if handle is not None and handle.pid != os.getpid() and handle not in self.members:
+            self.members.append(handle)
+        return handle
+
+    def add_session(self, session_id: int) -> None:
+        """Every process in session ``session_id`` is a member, even once its leader is gone.
+
+        Linux never gives a new process a pid that is still some session's
+        id, so a session id, unlike a bare pid, cannot name a stranger.
+        """
+        self._sessions.add(int(session_id))
+
+    def note(self) -> None:
+        """Add every live descendant of every member."""
+        for member in list(self.members):
+            for child in descendants(member):
+                self.add(child)
+
+    def alive(self) -> list[psutil.Process]:
+        return [m for m in self.members if alive(m)]
+
+    def _freeze(self) -> list[psutil.Process]:
+        """Stop every member and each descendant found meanwhile; return them, deepest first."""
+        for pid in psutil.pids() if self._sessions else ():
+            try:
+                if os.getsid(pid) in self._sessions:
+                    self.add(pid)
+            except OSError:
+                pass
+        depth: dict[psutil.Process, int] = {}
+        todo = [(m, 0) for m in self.members]
+        while todo:
+            handle, level = todo.pop()
+            if depth.get(handle, -1) >= level:
+                continue
+            depth[handle] = level
+            self.add(handle)
+            try:
+                handle.suspend()
+                todo += [(child, level + 1) for child in handle.children()]
+            except psutil.Error:
+                pass
+        return sorted(depth, key=lambda h: -depth[h])
+
+    def end(self, grace: float = 5.0) -> list[psutil.Process]:
+        """End every member by this module's policy; return any still running (normally none).
+
+        Zombies count as gone: a member that is our own child is left for its
+        ``Popen`` to reap, so that its exit code is recorded there.
+        """
+        ordered = self._freeze()
+        for handle in ordered:                       # children first
+            send(handle, _signal.SIGTERM)
+        for handle in ordered:
+            send(handle, _signal.SIGCONT)
+        deadline = time.monotonic() + grace
+        while self.alive() and time.monotonic() < deadline:
+            self.note()              # a process may start another while it shuts down
+            time.sleep(0.02)
+        if self.alive():
+            self._freeze()           # freeze again: nothing started meanwhile escapes
+            for handle in self.alive():
+                send(handle, _signal.SIGKILL)
+        # SIGKILL is delivered when the process next runs; on a busy machine
+        # that is not at once. Return only when every one is gone.
+        deadline = time.monotonic() + KILL_WAIT_S
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.alive()
+
+
+def end_tree(*roots: Member, grace: float = 5.0) -> list[psutil.Process]:
+    """End ``roots`` and all their descendants (``Tree.end``); return survivors (normally none)."""
+    tree = Tree(roots)
+    tree.note()
+    return tree.end(grace)

@@ -1,0 +1,12 @@
+"""Code that runs inside the lab's processes, not in the notebook kernel.
+
+- ``engine``: runs a cell or function on a rank, records its output in order,
+  joins and leaves the process group, dumps a stuck rank's stack.
+- ``trace``: while ``lab.trace()`` runs, records this rank's torch.distributed
+  operations (Python calls and the c10d ops torch issues itself, DDP's included).
+- ``guard``: the wrapper every controller and engine process runs under
+  (``python -m ddplab.rank.guard MODULE``); it exits when the kernel dies.
+
+The kernel ships calls to these modules through ipyparallel; nothing here
+imports the kernel-side ``ddplab.lab``.
+"""

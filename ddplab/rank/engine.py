@@ -1,0 +1,432 @@
+"""Code that runs inside the engines, one per rank.
+
+The kernel calls these through ipyparallel's ``apply``. Each call returns plain
+data (a dict), never raises on a user error: the kernel turns a returned
+failure into ``RankError``. That keeps "your code failed on rank 1" apart from
+"the engine itself is broken".
+
+Output of a cell is recorded here, in the order it was produced on this rank
+(stdout, stderr and rich display interleaved), and replayed by the kernel
+under a ``[rank N]`` label, in rank order. That is what makes the notebook's
+stored output identical from run to run.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import datetime
+import faulthandler
+import linecache
+import os
+import re
+import signal
+import sys
+import traceback
+from typing import Any, Callable
+
+from . import live
+
+#: Filenames of cells compiled on a rank look like this; the hang diagnosis
+#: finds the cell's line in a stack dump by this prefix.
+CELL_FILENAME = "<rank cell {n}>"
+_SITE_PACKAGES = re.compile(r'[^"\s]*?site-packages/')
+_state: dict[str, Any] = {"cells": 0, "store": None, "stack_file": None}
+
+
+def _shell():
+    from IPython import get_ipython
+    return get_ipython()
+
+
+def namespace() -> dict:
+    """The rank's interactive namespace: the engine's IPython user_ns."""
+    shell = _shell()
+    return shell.user_ns if shell is not None else globals().setdefault("_user_ns", {})
+
+
+def open_store(host: str, world_size: int, timeout_s: float) -> int:
+    """On rank 0: start the TCPStore that every rank meets at; return its port.
+
+    Binding port 0 lets the OS pick a free port, so two labs started at the
+    same moment can never collide on MASTER_PORT.
+    """
+    import socket
+
+    import torch.distributed as dist
+    # TCPStore binds every interface whatever host it is given; a socket we
+    # bind ourselves keeps the store on ``host`` (loopback for a local lab).
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((host, 0))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    # The store owns the descriptor from here on, and closes it when it is
+    # destroyed; a socket object still holding it would close that number a
+    # second time when collected, by then perhaps the next store's listener
+    # (a second group on the same engines then never forms).
+    fd = listener.detach()
+    try:
+        store = dist.TCPStore(host, port, world_size, is_master=True,
+                              timeout=datetime.timedelta(seconds=timeout_s),
+                              wait_for_workers=False, master_listen_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    _state["store"] = store
+    return store.port
+
+
+#: The variables torchrun sets; bare ranks start without them, so the student sets them.
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                      "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _watch_stack(stack_file: str, kernel_path: list[str]) -> None:
+    """Let the kernel import the notebook's modules here, and ask this rank for its stack.
+
+    faulthandler on SIGUSR1 answers even while the rank is blocked inside a
+    C++ collective (or a rendezvous), where no Python code can run.
+    """
+    sys.path.extend(p for p in kernel_path if p not in sys.path)
+    stack = open(stack_file, "w")
+    faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
+    _state["stack_file"] = stack
+    _state["in_lab"] = True          # what in_lab() reports, on one host or several
+
+
+def in_lab() -> bool:
+    """Whether this process is a rank of a ddplab lab (it joined one, with or without a group).
+
+    Every kind of engine says so the same way once the kernel has made it a
+    rank, whoever started it (``ddplab.start``, ssh, Slurm, ``ipcluster``).
+    """
+    return _state.get("in_lab", False)
+
+
+def stay_bare(stack_file: str, kernel_path: list[str], names: dict[str, Any]) -> int:
+    """Get a rank ready without joining any group (``ddplab.start(init_method=None)``).
+
+    torch.distributed is left alone and torchrun's variables are removed from
+    the environment, so the student's own ``init_process_group`` is the only
+    one. ``names`` (``rank``, ``world_size``, ``port``, ``lab_dir``) go into
+    the rank's namespace. Returns the pid.
+    """
+    for name in TORCHRUN_VARIABLES:
+        os.environ.pop(name, None)
+    _watch_stack(stack_file, kernel_path)
+    namespace().update(names)
+    return os.getpid()
+
+
+def join_group(rank: int, world_size: int, env: dict[str, str], backend: str,
+               timeout_s: float, stack_file: str, kernel_path: list[str] = (),
+               init_method: str | None = None) -> dict:
+    """Set this rank's torchrun-style env, then ``init_process_group``.
+
+    ``kernel_path`` is the notebook kernel's ``sys.path``: a function the
+    kernel imported from a module can then be imported, and so run, here too.
+
+    ``init_method`` is None for ddplab's default (meet at the TCPStore that
+    ``open_store`` started), or a URL torch resolves itself: ``"env://"``
+    (reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment),
+    ``"tcp://host:port"`` or ``"file:///path"`` (these two need rank and
+    world_size passed in).
+
+    Also registers a faulthandler on SIGUSR1, so the kernel can ask a stuck
+    rank where it is, even while it is blocked inside a C++ collective.
+    """
+    os.environ.update(env)
+    _watch_stack(stack_file, kernel_path)
+    import torch
+    import torch.distributed as dist
+    if backend == "nccl":
+        # One GPU per rank; must happen before the group touches CUDA.
+        torch.cuda.set_device(int(env["LOCAL_RANK"]))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if init_method == "env://":
+        # Exactly what a script under torchrun does: everything comes from os.environ.
+        dist.init_process_group(backend, init_method=init_method, timeout=timeout)
+    elif init_method is not None:
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=world_size, timeout=timeout)
+    else:
+        store = _state["store"]
+        if store is None:
+            store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size,
+                                  is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
+    namespace().update(rank=rank, world_size=world_size, torch=torch, dist=dist)
+    return {"rank": dist.get_rank(), "pid": os.getpid()}
+
+
+#: How much of a cell's text one rank keeps: the first ``KEEP_HEAD`` and the
+#: last ``KEEP_TAIL`` characters. What lies between is dropped and replaced
+#: by one "output truncated" line, so a print loop never slows the rank down
+#: nor floods the notebook (a notebook output of megabytes is unreadable anyway).
+KEEP_HEAD = 512 * 1024
+KEEP_TAIL = 512 * 1024
+
+
+class _Recorder:
+    """Collects a cell's output as an ordered list of events, in time linear in its size.
+
+    Events are ``("stdout", text)``, ``("stderr", text)`` and
+    ``("display", data, metadata)``; adjacent text of one stream is merged.
+    Text is kept as a list of chunks and joined once, in ``events``: joining
+    at every write would copy everything printed so far each time.
+    Past ``KEEP_HEAD`` characters, new output goes to a tail that keeps only
+    the last ``KEEP_TAIL`` characters; ``events`` then holds the head, a note
+    saying how much was dropped, and the tail.
+    """
+
+    def __init__(self, head: int = KEEP_HEAD, tail: int = KEEP_TAIL) -> None:
+        self._head: list[list] = []          # [stream, [chunks]] or ["display", data, metadata]
+        self._tail: collections.deque = collections.deque()   # same items, oldest first
+        self._head_max, self._tail_max = head, tail
+        self._head_left, self._tail_size = head, 0
+        self.dropped_chars = self.dropped_lines = 0
+        self.live: collections.deque | None = None    # a live.Pump's chunks, while one runs
+
+    def text(self, stream: str, data: str) -> None:
+        size = len(data)
+        if not size:
+            return
+        if self.live is not None:
+            self.live.append(data)
+        if size <= self._head_left:
+            self._head_left -= size
+            items = self._head
+        elif self._head_left > 0:               # the head fills up inside this write
+            cut, self._head_left = self._head_left, 0
+            self._append(self._head, stream, data[:cut])
+            self.text(stream, data[cut:])
+            return
+        else:
+            items = self._tail
+            self._tail_size += size
+            if self._tail_size > 2 * self._tail_max:    # trim in batches: amortized O(1)
+                self._trim()
+        if items and items[-1][0] == stream:
+            items[-1][1].append(data)
+        else:
+            items.append([stream, collections.deque([data])])
+
+    @staticmethod
+    def _append(items, stream: str, data: str) -> None:
+        if items and items[-1][0] == stream:
+            items[-1][1].append(data)
+        else:
+            items.append([stream, collections.deque([data])])
+
+    def _trim(self) -> None:
+        """Drop the oldest tail text until the tail holds at most its limit."""
+        while self._tail_size > self._tail_max:
+            item = self._tail[0]
+            if item[0] == "display":          # a display in the dropped stretch goes too
+                self._tail.popleft()
+                continue
+            text, excess = "".join(item[1]), self._tail_size - self._tail_max
+            if len(text) <= excess:
+                self._tail.popleft()
+                cut = text
+            else:
+                cut, item[1] = text[:excess], collections.deque([text[excess:]])
+            self.dropped_chars += len(cut)
+            self.dropped_lines += cut.count("\n")
+            self._tail_size -= len(cut)
+
+    def display(self, data: dict, metadata: dict | None) -> None:
+        target = self._head if self._head_left > 0 else self._tail
+        target.append(["display", data, metadata or {}])
+
+    @property
+    def truncated(self) -> bool:
+        return self.dropped_chars > 0
+
+    @property
+    def events(self) -> list[tuple]:
+        self._trim()
+        items, tail = list(self._head), [list(i) for i in self._tail]
+        if self.truncated:
+            note = self.truncation_note()
+            last = next((i for i in reversed(items) if i[0] != "display"), None)
+            if last is None or last[1][-1].endswith("\n"):
+                note = note[1:]
+            items.append(["stdout", [note]])
+            first = next((i for i in tail if i[0] != "display"), None)
+            if first is not None:                 # start the tail at a line's start
+                text = "".join(first[1])
+                first[1] = [text[text.find("\n") + 1:]] if "\n" in text[:-1] else [text]
+        items += tail
+        events: list[tuple] = []
+        for item in items:
+            if item[0] == "display":
+                events.append(tuple(item))
+                continue
+            text = "".join(item[1])
+            if not text:
+                continue
+            if events and events[-1][0] == item[0]:
+                events[-1] = (item[0], events[-1][1] + text)
+            else:
+                events.append((item[0], text))
+        return events
+
+    def truncation_note(self) -> str:
+        return (f"\n[ddplab: output truncated: about {self.dropped_lines:,} lines "
+                f"({self.dropped_chars:,} characters) dropped here; kept the first "
+                f"{self._head_max:,} and the last {self._tail_max:,} characters]\n")
+
+
+class _Stream:
+    def __init__(self, recorder: _Recorder, name: str) -> None:
+        self.recorder, self.name = recorder, name
+
+    def write(self, data: str) -> int:
+        self.recorder.text(self.name, data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+class _capture:
+    """Context manager: route print, warnings and display() into a _Recorder."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        self.recorder = recorder
+
+    def __enter__(self) -> _Recorder:
+        publish = live.publisher()
+        self.pump = live.Pump(publish).start() if publish is not None else None
+        if self.pump is not None:
+            self.recorder.live = self.pump.chunks
+        self.saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Stream(self.recorder, "stdout"), _Stream(self.recorder, "stderr")
+        shell = _shell()
+        if shell is not None:
+            self.saved_publish = shell.display_pub.publish
+            recorder = self.recorder
+            shell.display_pub.publish = (
+                lambda data, metadata=None, *a, **k: recorder.display(data, metadata))
+        return self.recorder
+
+    def __exit__(self, *exc) -> None:
+        if self.pump is not None:
+            self.pump.stop()
+            self.recorder.live = None
+        sys.stdout, sys.stderr = self.saved
+        shell = _shell()
+        if shell is not None:
+            shell.display_pub.publish = self.saved_publish
+
+
+def _format_error(exc: BaseException, keep: Callable[[str], bool]) -> str:
+    """A plain-text traceback with ddplab's own frames removed."""
+    tb = exc.__traceback__
+    frames = traceback.extract_tb(tb)
+    # Drop leading frames that are ddplab's machinery, keep the user's code.
+    while tb is not None and frames and not keep(frames[0].filename):
+        tb, frames = tb.tb_next, frames[1:]
+    return relative_to_site_packages("".join(traceback.format_exception(type(exc), exc, tb)).rstrip())
+
+
+def relative_to_site_packages(text: str) -> str:
+    """Cut every path in ``text`` down to the part after ``site-packages/``.
+
+    Library paths differ per machine; relative to site-packages they do not,
+    so a stored traceback or stack compares equal everywhere.
+    """
+    return _SITE_PACKAGES.sub("", text)
+
+
+def _is_user_file(filename: str) -> bool:
+    return filename != __file__
+
+
+def _display_value(value: Any) -> None:
+    if value is None:
+        return
+    shell = _shell()
+    if shell is not None:
+        data, metadata = shell.display_formatter.format(value)
+        shell.display_pub.publish(data=data, metadata=metadata)
+    else:
+        print(repr(value))
+
+
+def _quiet(code: str) -> bool:
+    """Whether the cell's last expression ends with ``;`` (comments aside)."""
+    try:
+        from IPython.core.displayhook import DisplayHook
+        return DisplayHook.semicolon_at_end_of_expression(code)
+    except (ImportError, AttributeError):
+        return code.rstrip().endswith(";")
+
+
+def run_cell(source: str) -> dict:
+    """Run notebook cell source in this rank's namespace, like a Python prompt.
+
+    IPython syntax (``%time``, ``!ls``) works; the last expression's value is
+    displayed. Returns ``{"ok", "events", "error"}``.
+    """
+    _state["cells"] += 1
+    filename = CELL_FILENAME.format(n=_state["cells"])
+    shell = _shell()
+    code = shell.transform_cell(source) if shell is not None else source
+    # Register the source so tracebacks and stack dumps can show cell lines.
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    recorder = _Recorder()
+    error = None
+    with _capture(recorder):
+        try:
+            tree = ast.parse(code, filename)
+            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+            ns = namespace()
+            exec(compile(tree, filename, "exec"), ns)
+            if last is not None:
+                value = eval(compile(ast.Expression(last.value), filename, "eval"), ns)
+                if not _quiet(code):         # a trailing ";" hides the value, as in IPython
+                    _display_value(value)
+        except BaseException as exc:  # KeyboardInterrupt too: it is the rank's outcome
+            error = _format_error(exc, _is_user_file)
+    return {"ok": error is None, "events": recorder.events, "error": error}
+
+
+def call(fn: Callable, args: tuple, kwargs: dict) -> dict:
+    """Call ``fn(*args, **kwargs)`` with its output recorded; see run_cell."""
+    recorder = _Recorder()
+    value, error = None, None
+    with _capture(recorder):
+        try:
+            value = fn(*args, **kwargs)
+        except BaseException as exc:
+            error = _format_error(exc, _is_user_file) + _name_hint(exc)
+    return {"ok": error is None, "events": recorder.events, "error": error, "value": value}
+
+
+def _name_hint(exc: BaseException) -> str:
+    """A function written in the kernel sees the kernel's globals, where ``rank`` is not defined."""
+    name = getattr(exc, "name", None) if isinstance(exc, NameError) else None
+    spelled = {"rank": "dist.get_rank()", "world_size": "dist.get_world_size()"}.get(name)
+    if spelled is None:
+        return ""
+    return (f"\nddplab: a function defined in the notebook kernel runs with the kernel's "
+            f"globals, where {name!r} is not defined. Use {spelled} inside the function "
+            f"(with import torch.distributed as dist), or pass it in as an argument.")
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+def leave_group() -> None:
+    """Leave the process group, if this engine is in one, and forget the store it opened."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _state["store"] = None

@@ -1,0 +1,311 @@
+"""The recorder behind ``ddplab.rank.trace``: what one rank's traced calls leave behind.
+
+``ddplab.rank.trace`` installs the wrappers and the dispatcher kernels and hands
+every call to a ``Recorder``; this module turns each call into a plain dict
+(op, peer, bytes, group, times, the cell line) and, at the end, into the list
+the kernel receives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from typing import Any
+
+from .engine import CELL_FILENAME
+
+_CELL_PREFIX = CELL_FILENAME.split("{")[0]
+# Python-level functions: name -> (kind, argument holding the payload, argument naming the peer/root).
+CALLS = {
+    "send": ("p2p", "tensor", "dst"), "recv": ("p2p", "tensor", "src"),
+    "send_object_list": ("p2p", None, "dst"), "recv_object_list": ("p2p", None, "src"),
+    "broadcast": ("collective", "tensor", "src"), "all_reduce": ("collective", "tensor", None),
+    "all_reduce_coalesced": ("collective", "tensors", None),
+    "reduce": ("collective", "tensor", "dst"), "all_gather": ("collective", "tensor", None),
+    "all_gather_into_tensor": ("collective", "input_tensor", None),
+    "all_gather_single": ("collective", "input_tensor", None),
+    "all_gather_coalesced": ("collective", "input_tensor_list", None),
+    "gather": ("collective", "tensor", "dst"), "scatter": ("collective", "tensor", "src"),
+    "reduce_scatter": ("collective", "input_list", None),
+    "reduce_scatter_tensor": ("collective", "input", None),
+    "reduce_scatter_single": ("collective", "input", None),
+    "all_to_all": ("collective", "input_tensor_list", None),
+    "all_to_all_single": ("collective", "input", None), "barrier": ("collective", None, None),
+    "all_gather_object": ("collective", None, None), "gather_object": ("collective", None, "dst"),
+    "scatter_object_list": ("collective", None, "src"),
+    "broadcast_object_list": ("collective", None, "src"),
+    "init_process_group": ("setup", None, None), "new_group": ("setup", None, None),
+    "destroy_process_group": ("setup", None, None),
+}
+# c10d dispatcher ops -> the torch.distributed name a student knows them by.
+C10D_OPS = {
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce_coalesced",
+    "broadcast_": "broadcast", "allgather_": "all_gather", "_allgather_base_": "all_gather_single",
+    "allgather_coalesced_": "all_gather_coalesced",
+    "allgather_into_tensor_coalesced_": "all_gather_into_tensor_coalesced",
+    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter_single",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor_coalesced", "reduce_": "reduce",
+    "gather_": "gather", "scatter_": "scatter", "alltoall_": "all_to_all",
+    "alltoall_base_": "all_to_all_single", "barrier": "barrier",
+    "monitored_barrier_": "monitored_barrier", "send": "isend", "recv_": "irecv",
+    "recv_any_source_": "irecv",
+}
+_ROOT_ARG = {"broadcast_": 2, "reduce_": 3, "gather_": 3, "scatter_": 3}
+_PEER_ARG = {"send": 2, "recv_": 2}
+# Python functions with no wrapper cell, recorded by the dispatcher layer under their own name.
+_UNWRAPPED = ("isend", "irecv", "batch_isend_irecv", "monitored_barrier")
+_torch: Any = None                   # torch, once a Recorder exists (ranks import it anyway)
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, _torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+_HERE = os.path.dirname(__file__)
+_LIBRARY: dict[str, bool] = {}       # filename -> is it library code (not the student's)?
+
+
+def _internal(filename: str) -> bool:
+    known = _LIBRARY.get(filename)
+    if known is None:
+        known = _LIBRARY[filename] = (filename.startswith("<") or "site-packages" in filename
+                                      or "/lib/python" in filename or filename.startswith(_HERE))
+    return known
+
+
+def _site(frame) -> tuple[str | None, str | None]:
+    """(the student's cell line or the innermost non-library line, the torch.distributed caller)."""
+    fallback, caller = None, None
+    while frame is not None:
+        code = frame.f_code
+        name = code.co_filename
+        if name.startswith(_CELL_PREFIX):
+            return f"cell line {frame.f_lineno}", caller
+        if caller is None and code.co_name in _UNWRAPPED and name.endswith("distributed_c10d.py"):
+            caller = code.co_name
+        if fallback is None and not _internal(name):
+            fallback = f"{os.path.basename(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return fallback, caller
+
+
+class Recorder:
+    def __init__(self) -> None:
+        global _torch
+        import sys
+
+        import torch
+        _torch = torch
+        self.events, self.compute = [], []
+        self.works: dict[int, tuple[Any, dict]] = {}   # id(Work) -> (Work kept alive, its event)
+        self.groups: dict[int, tuple] = {}
+        self.pending: list[tuple[Any, Any, dict]] = []   # async ops not yet seen complete
+        self.futureless: set[str] = set()     # ops whose Work has no future (asking raises)
+        self.local = threading.local()
+        self.frame = sys._getframe
+        self.main = threading.main_thread().ident
+        pairs = [(time.perf_counter(), time.time(), time.perf_counter()) for _ in range(5)]
+        before, self.wall0, after = min(pairs, key=lambda p: p[2] - p[0])
+        self.pc0 = (before + after) / 2
+
+    def group(self, group: Any) -> tuple | None:
+        """A group as the tuple of its global ranks; None for the whole world."""
+        import torch.distributed as dist
+        if group is None or group is dist.GroupMember.WORLD:
+            return None
+        key = id(group)
+        if key not in self.groups:     # the group is kept, so its id is not reused meanwhile
+            self.groups[key] = (group, tuple(dist.get_process_group_ranks(group)))
+        return self.groups[key][1]
+
+    def where(self, depth: int) -> tuple[str | None, str | None]:
+        frame = self.frame(depth)
+        site, caller = _site(frame)
+        if site is None and threading.get_ident() != self.main:
+            # DDP's backward on a GPU runs on autograd's own thread: the line
+            # that started it is on the main thread.
+            import sys
+            site, caller = _site(sys._current_frames().get(self.main))
+        return site, caller
+
+    # ------------------------------------------------------ layer 1: Python calls
+    def call(self, name: str, raw, params: tuple, args: tuple, kwargs: dict) -> Any:
+        import torch
+        import torch.distributed as dist
+        bound = dict(zip(params, args))
+        bound.update(kwargs)
+        kind, payload, peer_arg = CALLS[name]
+        parent = getattr(self.local, "call", None)
+        if parent is not None:          # inside an object collective: count its bytes there
+            parent["nbytes"] += _nbytes(bound.get(payload)) if payload else 0
+            with torch._C._AutoDispatchBelowAutograd():
+                return raw(*args, **kwargs)
+        group = bound.get("group")
+        now = time.perf_counter()
+        self.poll(now)
+        event = {"op": name, "kind": kind, "start": now, "end": None,
+                 "nbytes": _nbytes(bound.get(payload)) if payload else 0,
+                 "group": self.group(group) if kind != "setup" else None, "source": "call",
+                 "blocking": not bound.get("async_op", False), "tag": bound.get("tag", 0)}
+        if peer_arg:
+            peer = bound.get(peer_arg)
+            local = bound.get("group_" + peer_arg)
+            if peer is None and local is not None:
+                peer = dist.get_global_rank(group or dist.GroupMember.WORLD, local)
+            event["peer" if kind == "p2p" else "root"] = peer
+        event["site"] = self.where(3)[0]
+        self.local.call = event
+        try:
+            if payload or name == "barrier":
+                with torch._C._AutoDispatchBelowAutograd():
+                    result = raw(*args, **kwargs)
+            else:                        # setup and object ops: their inner calls report here
+                result = raw(*args, **kwargs)
+        except BaseException as exc:
+            event["error"] = type(exc).__name__
+            raise
+        finally:
+            event["end"] = time.perf_counter()
+            self.local.call = None
+            self.events.append(event)
+        if name in ("recv", "recv_object_list") and event.get("peer") is None:
+            event["peer"] = result
+        if not event["blocking"] and result is not None:
+            self.track(result, event)
+        return result
+
+    def track(self, work: Any, event: dict, keep: bool = True) -> None:
+        """Remember an async op's Work: for the student's wait() on it, and to see it complete.
+
+        No completion callback: a Python callback makes gloo's worker thread take the
+        GIL, and then the next op's enqueue waits for it (we measured issue times of
+        5-15 ms instead of 0.1-0.3). Instead every time this rank enters torch.distributed
+        again, ``poll`` looks which ops are complete: ``done`` is the first moment ddplab
+        saw one complete, an upper bound that is tight while the rank keeps calling.
+        """
+        if keep:
+            self.works[id(work)] = (work, event)
+        future = None
+        if event["op"] not in self.futureless:
+            try:                  # the future completes exactly when torch's own waiters return
+                future = work.get_future()
+            except RuntimeError:  # gloo's send/recv have none: their Work completes in wait()
+                self.futureless.add(event["op"])
+        self.pending.append((work, future, event))
+
+    def poll(self, now: float) -> None:
+        if self.pending:
+            still = []
+            for item in self.pending:
+                work, future, event = item
+                if future.done() if future is not None else work.is_completed():
+                    event["done"] = now
+                else:
+                    still.append(item)
+            self.pending = still
+
+    def wait(self, raw, work: Any, args: tuple, kwargs: dict) -> Any:
+        if getattr(self.local, "call", None) is not None:
+            return raw(work, *args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return raw(work, *args, **kwargs)
+        finally:
+            end = time.perf_counter()
+            self.poll(end)
+            of = self.works.get(id(work), (None, None))[1]
+            if of is not None and of["op"] == "irecv" and of.get("peer") is None:
+                with contextlib.suppress(Exception):
+                    of["peer"] = work._source_rank()
+            self.events.append({"op": "wait", "kind": "wait", "start": start, "end": end,
+                                "of": of, "site": self.where(3)[0], "source": "call",
+                                "blocking": True, "nbytes": 0, "group": None})
+
+    def span(self, name: str, start: float, end: float, site: str | None) -> None:
+        self.poll(end)
+        self.compute.append({"op": name, "kind": "compute", "start": start, "end": end,
+                             "site": site})
+
+    # ------------------------------------------------ layer 2: the c10d dispatcher
+    def dispatched(self, name: str, handle, keyset, args: tuple, kwargs: dict) -> Any:
+        torch = _torch
+        start = time.perf_counter()
+        self.poll(start)
+        out = handle.redispatch_boxed(keyset, *args, **kwargs)
+        end = time.perf_counter()
+        pg_index = 1 if isinstance(args[1], torch.ScriptObject) else 2
+        payload = _nbytes(args[0] if name == "scatter_" or pg_index == 1 else args[1])
+        parent = getattr(self.local, "call", None)
+        if parent is not None:           # part of a call layer 1 records (an object collective)
+            parent["nbytes"] += payload
+            return out
+        # Inside backward (DDP's buckets) the site is the backward's: no need to walk the stack.
+        site, caller = getattr(self.local, "backward", None), None
+        if site is None:
+            site, caller = self.where(3)
+        event = {"op": caller if caller == "monitored_barrier" else C10D_OPS[name],
+                 "kind": "p2p" if name in ("send", "recv_", "recv_any_source_") else "collective",
+                 "start": start, "end": end, "nbytes": payload, "pg": args[pg_index],
+                 "source": "call" if caller else "torch", "blocking": False, "site": site,
+                 "tag": 0}
+        if name in _PEER_ARG:
+            event["group_peer"], event["tag"] = args[_PEER_ARG[name]], args[3]
+        elif name == "recv_any_source_":
+            event["peer"], event["tag"] = None, args[2]
+        if name in _ROOT_ARG:
+            event["group_root"] = args[_ROOT_ARG[name]]
+        self.events.append(event)
+        work = torch.distributed.Work.unbox(out[-1] if isinstance(out, tuple) else out)
+        # Keep the Work (so the student's wait() is matched to it) only for ops the
+        # student issued; DDP's own Works hold gradient buckets and are waited in C++.
+        self.track(work, event, keep=bool(caller))
+        return out
+
+    def resolve(self, event: dict) -> None:
+        """A dispatcher event's group, peer and root as global ranks (done at stop, off the hot path)."""
+        import torch.distributed as dist
+        pg = event.pop("pg", None)
+        if pg is None:
+            return
+        try:
+            ranks = self.group(dist.ProcessGroup.unbox(pg))
+        except (ValueError, RuntimeError):   # destroyed meanwhile: it was the world group
+            ranks = None
+        event["group"] = ranks
+        for local, key in (("group_peer", "peer"), ("group_root", "root")):
+            if local in event:
+                event[key] = _global(ranks, event.pop(local))
+
+    # ------------------------------------------------------------ the result
+    def finish(self) -> dict:
+        """Plain data, times on this machine's wall clock, a wait naming its op by index."""
+        def wall(t):
+            return None if t is None else self.wall0 + (t - self.pc0)
+        events = sorted(self.events, key=lambda e: e["start"])
+        index = {id(e): i for i, e in enumerate(events)}
+        out = []
+        for event in events:
+            self.resolve(event)
+            event = dict(event)
+            of = event.pop("of", None)
+            if event["op"] == "wait":
+                event["of"] = index.get(id(of)) if of is not None else None
+            for key in ("start", "end", "done"):
+                if key in event:
+                    event[key] = wall(event[key])
+            out.append(event)
+        compute = [dict(c, start=wall(c["start"]), end=wall(c["end"]))
+                   for c in self.compute]
+        return {"events": out, "compute": compute}
+
+
+def _global(ranks: tuple | None, local: int | None) -> int | None:
+    if local is None or local < 0:
+        return None
+    return local if ranks is None else ranks[local]

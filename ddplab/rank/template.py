@@ -1,0 +1,187 @@
+"""A warm template process that forks engines: each rank costs a fork, not an import.
+
+Importing torch takes about 1.5 s of CPU. A lab of four ranks started as four
+fresh Python processes imports it four times, on a laptop's two cores at once.
+The template imports torch (and ipyparallel's engine) once, then forks one
+child per engine it is asked for; a fork copies the imported modules for free.
+
+    python -m ddplab.rank.template DIR/fork.sock     # started by ddplab.lab.template
+
+It listens on that Unix socket, in a private (0700) directory of its own, so
+no other user can ask it for anything; it removes the directory when it exits. One
+request per connection, one JSON line:
+``{"argv": [...], "env": {...}, "cwd": "...", "output": "..."}``; the answer is
+``{"pid": N}`` once the child exists. ``{"status": N}`` asks how child N ended
+(``{"exit": code}`` or ``{"signal": number}``, ``{}`` while it runs).
+
+Why this is safe to fork from (the known pitfalls):
+- No threads: the template never starts one (its parent watch is a poll in the
+  accept loop), and importing torch starts none; forking a process with threads
+  can copy a lock that another thread held, and the child would hang on it.
+- No OpenMP pool: the template runs no torch operation, so no thread pool
+  exists yet; each child sets its own thread count (``OMP_NUM_THREADS``) before
+  its first operation.
+- No CUDA: nothing here touches the GPU, and CUDA cannot be used after a fork
+  once it was initialised in the parent.
+- It dies with the kernel: it polls its parent every half second, and when the
+  kernel is gone it ends its children and exits. The children watch the
+  template the same way (``ddplab.rank.guard``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+
+POLL_SECONDS = 0.5
+_ended: dict[int, dict] = {}      # pid -> how it ended, for {"status": pid}
+_children: set[int] = set()
+
+
+def _reap(*_: object) -> None:
+    """Collect every child that has ended, so none stays a zombie."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _children.discard(pid)
+        _ended[pid] = ({"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status)
+                       else {"exit": os.WEXITSTATUS(status)})
+
+
+def _status(pid: int, patience: float = 2.0) -> dict:
+    """How child ``pid`` ended; ``{}`` if it is not our child or is still running.
+
+    The kernel asks once it sees the process gone, which can be a moment early: the
+    main thread of a multi-threaded process shows as a zombie while its other threads
+    still exit, and until they have, ``waitpid`` cannot collect it. So wait a little.
+    """
+    deadline = time.monotonic() + patience
+    _reap()
+    while pid in _children and pid not in _ended and time.monotonic() < deadline:
+        time.sleep(0.01)
+        _reap()
+    return _ended.get(pid, {})
+
+
+def _become(request: dict) -> None:
+    """In the forked child: turn into the process ``argv`` describes. Never returns."""
+    try:
+        os.setsid()                        # its own session, like Popen(start_new_session=True)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        out = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(devnull, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(devnull)
+        os.close(out)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ["DDPLAB_PARENT_PID"] = str(os.getppid())   # the guard watches the template
+        os.chdir(request["cwd"] or "/")
+        # What torch read from the environment at import time, read again for this rank.
+        import torch
+        import torch.distributed as dist
+        threads = os.environ.get("OMP_NUM_THREADS")
+        if threads:
+            torch.set_num_threads(int(threads))
+        dist.set_debug_level_from_env()          # TORCH_DISTRIBUTED_DEBUG
+        argv = request["argv"]
+        # argv is [python, "-m", "ddplab.rank.guard", MODULE, ARGS...]: run the guard here.
+        if argv[1:3] != ["-m", "ddplab.rank.guard"]:
+            raise ValueError(f"the template only runs ddplab.rank.guard, not {argv!r}")
+        from ddplab.rank import guard
+        guard.main(argv[3:])
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _answer(conn: socket.socket) -> None:
+    with conn, conn.makefile("rwb") as stream:
+        line = stream.readline()
+        if not line:
+            return
+        request = json.loads(line)
+        if "status" in request:
+            reply = _status(int(request["status"]))
+        else:
+            pid = os.fork()
+            if pid == 0:
+                _become(request)
+            _children.add(pid)
+            reply = {"pid": pid}
+        stream.write(json.dumps(reply).encode() + b"\n")
+        stream.flush()
+
+
+def _end_children() -> None:
+    from ddplab import procs
+    # Each child leads its own session: end everything still in those sessions, at once.
+    procs.Tree(list(_children), sessions=True).end(grace=0)
+
+
+def serve(path: str, parent_pid: int) -> None:
+    """Answer fork requests on the Unix socket ``path`` until the parent (the kernel) is gone."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)                  # the socket file: owner only
+    try:
+        server.bind(path)
+    finally:
+        os.umask(old)
+    server.listen(64)
+    server.settimeout(POLL_SECONDS)
+    signal.signal(signal.SIGCHLD, _reap)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print("ready", flush=True)             # the kernel waits for this line
+    try:
+        while os.getppid() == parent_pid:
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
+            _answer(conn)
+    finally:
+        _end_children()
+        server.close()
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def preload() -> None:
+    """Import what every engine imports, once, so each fork starts warm."""
+    import ipyparallel.engine.app  # noqa: F401
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    import ddplab.rank.engine  # noqa: F401
+    import ddplab.rank.guard  # noqa: F401
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        sys.exit("usage: python -m ddplab.rank.template SOCKET")
+    parent = int(os.environ.get("DDPLAB_PARENT_PID", os.getppid()))
+    preload()
+    serve(argv[0], parent)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

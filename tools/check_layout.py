@@ -1,0 +1,207 @@
+"""Check the package's layout rules; print each breach and exit 1 if there is one.
+
+    python tools/check_layout.py
+
+1. No ddplab module imports another module's private (``_name``) name, or
+   reads one from a module it imported (``cluster._current``). A private
+   module (``check/_core.py``) is private to its package: its siblings use it.
+2. One process module: only ``ddplab/procs.py`` signals or kills processes
+   (``os.kill``, ``os.killpg``, ``.kill()``, ``.terminate()``), in the package
+   and in the tests, tools and benchmarks alike.
+3. No import cycle among ddplab's modules, counting imports inside functions
+   too (a package's ``__init__`` counts as its own module).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "ddplab"
+PROCESS_MODULE = f"{PACKAGE}.procs"
+KILLERS = {("os", "kill"), ("os", "killpg")}
+KILL_METHODS = {"kill", "terminate"}
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_of(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    return {module_name(p, root): p for p in sorted((root / PACKAGE).rglob("*.py"))}
+
+
+def resolve(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module an ``from X import ...`` names."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    """Lines under ``if TYPE_CHECKING:`` (imports there never run)."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+class Module:
+    """One ddplab module: what it imports, and the names it binds to ddplab modules."""
+
+    def __init__(self, name: str, path: Path, known: dict[str, Path]) -> None:
+        self.name, self.path = name, path
+        self.package = package_of(name, path)
+        self.tree = ast.parse(path.read_text(), str(path))
+        self.imports: dict[str, int] = {}        # module -> first line
+        self.aliases: dict[str, str] = {}        # local name -> ddplab module
+        self.private: list[tuple[int, str]] = []
+        skip = _type_checking_lines(self.tree)
+        for node in ast.walk(self.tree):
+            if getattr(node, "lineno", 0) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == PACKAGE:
+                        self._use(alias.name, node.lineno)
+                        self._check_module(alias.name, node.lineno)
+                        if alias.asname:
+                            self.aliases[alias.asname] = alias.name
+            elif isinstance(node, ast.ImportFrom):
+                source = resolve(node, self.package)
+                if source.split(".")[0] != PACKAGE:
+                    continue
+                self._check_module(source, node.lineno)
+                for alias in node.names:
+                    target = f"{source}.{alias.name}"
+                    if target in known:          # a submodule: from . import cluster
+                        self._use(target, node.lineno)
+                        self.aliases[alias.asname or alias.name] = target
+                        self._check_module(target, node.lineno)
+                    else:
+                        self._use(source, node.lineno)
+                        if _private(alias.name) and source != self.name:
+                            self.private.append((node.lineno,
+                                                 f"imports private name {alias.name} of {source}"))
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id in self.aliases and _private(node.attr):
+                owner = self.aliases[node.value.id]
+                if owner != self.name:
+                    self.private.append((node.lineno, f"reads private {owner}.{node.attr}"))
+
+    def _check_module(self, target: str, line: int) -> None:
+        """A private module (``pkg._core``) may be imported only from within its package."""
+        parts = target.split(".")
+        for i, part in enumerate(parts):
+            parent = ".".join(parts[:i])
+            if _private(part) and not (self.package == parent or
+                                       self.package.startswith(parent + ".")):
+                self.private.append((line, f"imports private module {'.'.join(parts[:i + 1])}"))
+                return
+
+    def _use(self, target: str, line: int) -> None:
+        if target != self.name:
+            self.imports.setdefault(target, line)
+
+
+def kill_calls(path: Path) -> list[tuple[int, str]]:
+    """Calls that signal a process: ``os.kill``, ``os.killpg``, ``x.kill()``, ``x.terminate()``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            name = node.func.attr
+            if isinstance(owner, ast.Name) and (owner.id, name) in KILLERS:
+                found.append((node.lineno, f"{owner.id}.{name}()"))
+            elif name in KILL_METHODS:
+                found.append((node.lineno, f".{name}()"))
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(groups)
+
+
+def problems(root: Path = ROOT) -> list[str]:
+    """Every breach of the three rules under ``root`` (a checkout), one line each."""
+    known = modules(root)
+    parsed = {name: Module(name, path, known) for name, path in known.items()}
+    out = []
+    for module in parsed.values():
+        rel = module.path.relative_to(root)
+        out += [f"{rel}:{line}: {what}" for line, what in module.private]
+    for folder in (PACKAGE, "tests", "tools", "benchmarks"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if folder == PACKAGE and module_name(path, root) == PROCESS_MODULE:
+                continue
+            rel = path.relative_to(root)
+            out += [f"{rel}:{line}: {what} outside {PROCESS_MODULE}: use ddplab.procs"
+                    for line, what in kill_calls(path)]
+    graph = {name: {t for t in m.imports if t in known} for name, m in parsed.items()}
+    for group in cycles(graph):
+        edges = [f"{a} -> {b} (line {parsed[a].imports[b]})" for a in group for b in group
+                 if b in graph[a]]
+        out.append("import cycle: " + "; ".join(edges))
+    return out
+
+
+def main() -> int:
+    found = problems()
+    for line in found:
+        print(line)
+    if found:
+        print(f"{len(found)} layout problem(s).", file=sys.stderr)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
