@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .errors import ConfigError
+
 __all__ = [
     "ALL_REDUCE",
     "naive_all_reduce",
@@ -45,7 +47,7 @@ __all__ = [
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
     """A 1-D view of ``tensor`` (send/recv need contiguous memory; views share it)."""
     if not tensor.is_contiguous():
-        raise ValueError("all_reduce from send/recv needs a contiguous tensor, as dist.all_reduce "
+        raise ConfigError("ddplab: all_reduce from send/recv needs a contiguous tensor, as dist.all_reduce "
                          "does for gloo; pass tensor.contiguous() and copy the result back.")
     return tensor.view(-1)
 

@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from .errors import ConfigError
+
 __all__ = ["FACTORS", "Result", "busbw_factor", "fit_ring", "machine", "main", "measure",
            "parse_size", "plot", "spell_size", "sweep", "table"]
 
@@ -51,7 +53,7 @@ _LOOP_BYTES = 8 << 20                           # small sizes repeat a call unti
 def busbw_factor(collective: str, world_size: int) -> float:
     """nccl-tests' bus bandwidth factor: busbw = algbw * factor."""
     if collective not in FACTORS:
-        raise ValueError(f"ddplab.bench: no bus bandwidth factor for {collective!r}; "
+        raise ConfigError(f"ddplab.bench: no bus bandwidth factor for {collective!r}; "
                          f"use one of {', '.join(FACTORS)}.")
     return FACTORS[collective](world_size)
 
@@ -84,7 +86,7 @@ def parse_size(size: int | str) -> int:
     try:
         return int(float(text.rstrip("KMG")) * scale)
     except ValueError:
-        raise ValueError(f"ddplab.bench: cannot read the size {size!r}; write bytes like "
+        raise ConfigError(f"ddplab.bench: cannot read the size {size!r}; write bytes like "
                          f"4096, 4K, 16M or 1G.") from None
 
 
@@ -116,7 +118,7 @@ def _operation(collective: str, fn: Callable | None, nbytes: int) -> Callable[[]
     if collective == "all_reduce":
         reduce = fn or dist.all_reduce
         return lambda: reduce(tensor)
-    raise ValueError(f"ddplab.bench: cannot time {collective!r}; use all_reduce, broadcast or all_gather.")
+    raise ConfigError(f"ddplab.bench: cannot time {collective!r}; use all_reduce, broadcast or all_gather.")
 
 
 def _time_on_rank(collective: str, fn: Callable | None, nbytes: int, repeats: int) -> float:
@@ -221,7 +223,7 @@ def machine(lab: Any, sizes: Iterable[int | str] = ("4", "64K", "1M", "16M"), re
     """α and β of one send/recv between ranks 0 and 1, and β of the local add, on this lab."""
     sizes = [parse_size(s) for s in sizes]
     if lab.world_size < 2:
-        raise ValueError("ddplab.bench.machine needs two ranks to send between; start a lab "
+        raise ConfigError("ddplab.bench.machine needs two ranks to send between; start a lab "
                          "with world_size=2 or more.")
     times = [lab.run(_pingpong_on_rank, m, repeats, ranks=[0, 1], timeout=600)[0] for m in sizes]
     fit = _fit_positive([[1.0, m] for m in sizes], times)
@@ -248,7 +250,7 @@ def fit_ring(results: list[Result], name: str = "ring") -> dict:
             rows.append([2 * (p - 1), 2 * (p - 1) * r.nbytes / p])
             times.append(r.seconds)
     if len(times) < 2:
-        raise ValueError(f"ddplab.bench.fit_ring needs {name!r} all_reduce times for at least two "
+        raise ConfigError(f"ddplab.bench.fit_ring needs {name!r} all_reduce times for at least two "
                          f"sizes on 2 or more ranks; run sweep() with more sizes first.")
     return _fit_positive(rows, times)
 
@@ -348,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", metavar="PNG", help="also save the plots to this file")
     args = parser.parse_args(argv)
 
-    from .cluster import start
+    from .lab.session import start
 
     results, link = [], None
     for world_size in args.world_sizes:
@@ -374,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
 def _summary(results: list[Result], link: dict | None) -> None:
     """The ring against gloo's own all_reduce at the largest common size, and the α-β fit."""
     by_key = {(r.name, r.world_size, r.nbytes): r for r in results if r.collective == "all_reduce"}
-    common = sorted({(p, m) for (name, p, m) in by_key if name == "ring" and ("dist.all_reduce", p, m) in by_key})
+    common = sorted({(p, m) for (name, p, m) in by_key
+                     if name == "ring" and ("dist.all_reduce", p, m) in by_key})
     target = [(p, m) for p, m in common if m == 16 << 20] or common[-1:]
     for p, m in target:
         ring, own = by_key[("ring", p, m)], by_key[("dist.all_reduce", p, m)]

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from .errors import ConfigError
+
 #: Pixel values in the raw data run from 0 to 16.
 _MAX_PIXEL = 16.0
 
@@ -50,7 +52,7 @@ def digits(test_fraction: float = 0.2, seed: int = 0, dtype=None):
     from torch.utils.data import TensorDataset
 
     if not 0 < test_fraction < 1:
-        raise ValueError(f"ddplab: test_fraction must be between 0 and 1, but got {test_fraction!r}. "
+        raise ConfigError(f"ddplab: test_fraction must be between 0 and 1, but got {test_fraction!r}. "
                          f"Use for example test_fraction=0.2.")
     x_train, x_test, y_train, y_test = _split(float(test_fraction), int(seed))
     dtype = dtype or torch.float32
@@ -59,7 +61,3 @@ def digits(test_fraction: float = 0.2, seed: int = 0, dtype=None):
         return TensorDataset(torch.tensor(x, dtype=dtype), torch.tensor(y, dtype=torch.int64))
 
     return tensors(x_train, y_train), tensors(x_test, y_test)
-
-
-#: The class names, index = label.
-CLASSES = tuple(str(d) for d in range(10))

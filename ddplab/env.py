@@ -12,6 +12,7 @@ import os
 import socket
 
 from .errors import ConfigError
+from .text import plural
 
 #: Each rank is a full Python process with torch imported (roughly 300 MB), so
 #: one machine runs out of memory long before it runs out of ranks.
@@ -68,6 +69,38 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+#: Memory one local rank needs: an idle engine forked from the template holds
+#: about 190 MB resident (measured with 4 ranks, gloo, after one all_reduce),
+#: plus room for the small tensors and models of a lesson.
+RANK_MEMORY_BYTES = 250 * 2**20
+#: Past this many ranks per core they mostly wait for a core, and cells slow down.
+RANKS_PER_CORE = 4
+
+
+def check_fits(world_size: int, available: int | None = None, cores: int | None = None) -> str:
+    """Refuse a local lab the machine's memory cannot hold; return a warning past the cores.
+
+    Returns ``""`` when the lab fits comfortably. ``available`` (bytes) and
+    ``cores`` default to this machine's free memory and CPU count.
+    """
+    if available is None:
+        import psutil
+        available = psutil.virtual_memory().available
+    cores = cores or os.cpu_count() or 1
+    fits = max(1, available // RANK_MEMORY_BYTES)
+    if world_size > fits:
+        raise ConfigError(
+            f"ddplab: world_size={world_size} does not fit in this machine's free memory: each "
+            f"rank needs about {RANK_MEMORY_BYTES >> 20} MB and {available >> 20} MB are free, "
+            f"enough for {fits} {plural(fits, 'rank')}. Use world_size={min(fits, 8)} "
+            f"or fewer (or free memory first).")
+    if world_size > RANKS_PER_CORE * cores:
+        return (f"ddplab: warning: world_size={world_size} on {cores} CPU "
+                f"{plural(cores, 'core')}: the ranks will take turns on the cores and every "
+                f"cell will be slow. Up to {RANKS_PER_CORE * cores} ranks run well here.")
+    return ""
+
+
 def check_world_size(world_size: object) -> int:
     """Return ``world_size`` as an int, or raise ConfigError that names the fix."""
     if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
@@ -102,42 +135,71 @@ def check_init_method(value: object) -> str:
     ddplab builds the URL itself (a free port, a fresh file), so it takes the
     scheme's name, ``"env"``, not a URL such as ``"env://"``.
     """
-    if isinstance(value, str) and value in INIT_METHODS:
-        return value
+    if value is None or (isinstance(value, str) and value in INIT_METHODS):
+        return value      # None: bare ranks, the student calls init_process_group
     known = ", ".join(repr(m) for m in INIT_METHODS)
     scheme = value.split("://")[0] if isinstance(value, str) and "://" in value else None
     if scheme in INIT_METHODS:
         raise ConfigError(
             f"ddplab: init_method={value!r} is a URL, but ddplab builds the URL itself (a free "
             f"port, a fresh file). Use init_method={scheme!r}.")
-    raise ConfigError(f"ddplab: init_method={value!r} is not one ddplab knows. Use one of {known}.")
+    raise ConfigError(f"ddplab: init_method={value!r} is not one ddplab knows. Use one of {known}, "
+                      f"or None for bare ranks that call init_process_group themselves.")
 
 
-def choose_backend(requested: str, world_size: int, gpu_count: int) -> tuple[str, str]:
-    """Pick the process-group backend and say why, as ``(backend, reason)``.
+def nccl_fits(local_world_size: int, gpus: int) -> bool:
+    """The backend rule, the one every part of ddplab follows: nccl needs one GPU per rank.
 
-    nccl needs one GPU per rank: two ranks on one GPU is an error in nccl.
-    gloo runs anywhere, on CPU tensors.
+    Each rank takes GPU ``LOCAL_RANK`` of its host, and nccl refuses two ranks
+    on one GPU; so a host running ``local_world_size`` ranks needs that many GPUs.
+    Otherwise gloo, which runs anywhere, on CPU tensors.
     """
+    return gpus >= local_world_size
+
+
+def _check_backend(requested: str) -> None:
     if requested not in BACKENDS:
         raise ConfigError(
             f"ddplab: backend={requested!r} is not one ddplab knows. "
             f"Use one of {', '.join(repr(b) for b in BACKENDS)}.")
-    gpus = f"{gpu_count} GPU{'s' if gpu_count != 1 else ''}"
+
+
+def choose_backend(requested: str, world_size: int, gpu_count: int) -> tuple[str, str]:
+    """Pick the process-group backend for ranks on this machine and say why: ``(backend, reason)``."""
+    _check_backend(requested)
+    gpus = f"{gpu_count} {plural(gpu_count, 'GPU')}"
+    fits = nccl_fits(world_size, gpu_count)
     if requested == "nccl":
-        if gpu_count < world_size:
+        if not fits:
             raise ConfigError(
                 f"ddplab: backend='nccl' needs one GPU per rank, but this machine has {gpus} "
                 f"for world_size={world_size}. Use backend='gloo' (CPU) or backend='auto'.")
         return "nccl", f"nccl as asked: {gpus} for {world_size} ranks, one GPU per rank"
     if requested == "gloo":
         return "gloo", "gloo as asked"
-    if gpu_count >= world_size:
+    if fits:
         return "nccl", f"nccl: this machine has {gpus}, enough for one GPU per rank"
     if gpu_count:
         return "gloo", (f"gloo: this machine has {gpus} for {world_size} ranks; "
                         f"nccl needs one GPU per rank")
     return "gloo", "gloo: this machine has no GPU"
+
+
+def choose_host_backend(requested: str, hosts: list[tuple[str, int, int]]) -> tuple[str, str]:
+    """``choose_backend`` for ranks on several hosts: ``hosts`` holds ``(address, ranks, GPUs)``.
+
+    nccl only if every host has one GPU per rank it runs (``nccl_fits``).
+    """
+    _check_backend(requested)
+    short = [host for host, ranks, gpus in hosts if not nccl_fits(ranks, gpus)]
+    if requested == "gloo" or (requested == "auto" and short):
+        why = "as asked" if requested == "gloo" else f"host {short[0]} has fewer GPUs than ranks"
+        return "gloo", f"gloo: {why}"
+    if short:
+        raise ConfigError(f"ddplab: backend='nccl' needs one GPU per rank on every host, but "
+                          f"host {short[0]} has fewer GPUs than ranks. Use backend='gloo' or "
+                          f"fewer ranks there.")
+    return "nccl", "nccl: every host has one GPU per local rank"
 
 
 def gpu_count() -> int:

@@ -103,18 +103,6 @@ def rank_env(p: Placement, master_addr: str, master_port: int, ifname: str) -> d
     return env
 
 
-def describe(placements: list[Placement], engines: dict[int, Engine]) -> str:
-    """A small table, one line per host: its address, hostname and ranks."""
-    lines = []
-    for node in range(placements[0].nnodes if placements else 0):
-        mine = [p for p in placements if p.node_rank == node]
-        e = engines[mine[0].engine_id]
-        ranks = ", ".join(str(p.rank) for p in mine)
-        lines.append(f"  node {node}: {e.address} ({e.hostname}) ranks {ranks}")
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------ on the engines
 def local_address(peer: str) -> str:
     """The address this host uses to reach ``peer``: the one ``peer`` sees us at.
 

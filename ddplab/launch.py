@@ -15,9 +15,9 @@ What it guarantees:
 - Ports come from the OS (``ddplab.env.free_port``), never a fixed 29500, so
   two launches, or a launch beside a lab, do not collide.
 - Every process a launch started is ended when it returns, even when the
-  script fails or hangs past ``timeout``: the launcher's process group, and
-  every process it started (torchrun puts each worker in a session of its own,
-  so ddplab notes them while it waits and ends them by pid).
+  script fails or hangs past ``timeout``: the launcher's session, and every
+  process it started (torchrun puts each worker in a session of its own, so
+  ddplab notes them while it waits), by ``ddplab.procs``' policy.
 - Output comes back per rank, in rank order: torchrun writes each worker's
   stdout to its own file (``--log-dir``/``--redirects``); for ``spawn``, lines
   a rank prints as ``[rank N] ...`` are grouped under rank N. Ports and
@@ -37,15 +37,15 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 
+from . import procs
 from .env import check_timeout, check_world_size, free_port
-from .errors import ConfigError, DdplabError
+from .errors import ConfigError, LaunchError
 
 HOST = "127.0.0.1"
 #: The variables a launcher may set for each rank, in the order tables show them.
@@ -55,15 +55,10 @@ _REPORT_DIR = "DDPLAB_LAUNCH_DIR"
 # After one command fails, the time the others get to exit by themselves, so
 # that their own error message (often the real cause) is kept, before they are ended.
 _SETTLE_S = 5.0
+# How long a launch's processes get to act on SIGTERM (torchrun then ends its
+# workers itself) before they are killed.
+_END_GRACE_S = 3.0
 _RANK_MARK = re.compile(r"\[rank (\d+)\] ?")
-
-
-class LaunchError(DdplabError):
-    """A launched script failed or did not finish in time. ``launch`` holds the details."""
-
-    def __init__(self, message: str, launch: "Launch"):
-        super().__init__(message)
-        self.launch = launch
 
 
 @dataclass
@@ -161,14 +156,27 @@ def torchrun(script: str, *args: str, nproc_per_node: int = 2, nnodes: int = 1,
     check_world_size(nproc_per_node * nnodes)
     timeout = check_timeout(timeout, example=120)
     port = free_port(HOST)
-    commands = [[sys.executable, "-m", "torch.distributed.run",
-                 "--nnodes", str(nnodes), "--node_rank", str(node),
-                 "--nproc_per_node", str(nproc_per_node),
-                 "--master_addr", HOST, "--master_port", str(port),
-                 # Each worker's stdout and stderr go to a file of its own.
-                 "--log_dir", f"{{dir}}/logs-node{node}", "--redirects", "3",
-                 script, *map(str, args)] for node in range(nnodes)]
+    commands = [torchrun_command([script, *map(str, args)], nnodes=nnodes, node_rank=node,
+                                 nproc_per_node=nproc_per_node, master_port=port,
+                                 log_dir=f"{{dir}}/logs-node{node}")
+                for node in range(nnodes)]
     return _run(commands, [port], timeout, check, torchrun_nproc=nproc_per_node)
+
+
+def torchrun_command(target: list[str], *, nnodes: int, node_rank: int, nproc_per_node: int,
+                     master_port: int, master_addr: str = HOST, log_dir: str = "") -> list[str]:
+    """The command line of one torchrun invocation (``python -m torch.distributed.run``).
+
+    ``target`` is what torchrun runs: ``["script.py", args...]`` or ``["-m", "module", ...]``.
+    With ``log_dir``, each worker's stdout and stderr go to a file of its own there.
+    """
+    command = [sys.executable, "-m", "torch.distributed.run",
+               "--nnodes", str(nnodes), "--node_rank", str(node_rank),
+               "--nproc_per_node", str(nproc_per_node),
+               "--master_addr", master_addr, "--master_port", str(master_port)]
+    if log_dir:
+        command += ["--log_dir", log_dir, "--redirects", "3"]
+    return command + list(target)
 
 
 def spawn(script: str, nprocs: int = 2, timeout: float = 120, check: bool = True) -> Launch:
@@ -213,18 +221,20 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
            # Only the launcher decides these, so a table shows what it set.
            if k not in ENV_NAMES and k not in ("GROUP_WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE")}
     env.update({_REPORT_DIR: folder, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"})
-    procs, logs, seen = [], [], {}
+    popens, logs, tree = [], [], procs.Tree()
     try:
         for index, cmd in enumerate(commands):
             log = open(os.path.join(folder, f"launcher-{index}.txt"), "w+")
             logs.append(log)
-            # A session of its own: ending its process group ends it and the
-            # children that stay in that group (mp.spawn's), not the kernel.
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))
-        codes, timed_out = _wait(procs, seen, timeout)
+            # A session of its own: ending it ends the children that stay in
+            # it (mp.spawn's), and never the kernel.
+            popens.append(procs.start(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+            tree.add(popens[-1], session=True)
+        codes, timed_out = _wait(popens, tree, timeout)
     finally:
-        _end(procs, seen)
+        tree.end(grace=_END_GRACE_S)
+        for popen in popens:
+            popen.wait()
         for log in logs:
             log.close()
     try:
@@ -249,13 +259,14 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
     return result
 
 
-def _wait(procs: list[subprocess.Popen], seen: dict, timeout: float) -> tuple[list, bool]:
+def _wait(popens: list[subprocess.Popen], tree: procs.Tree,
+          timeout: float) -> tuple[list, bool]:
     """Wait for every command; return exit codes (None: ended by us) and whether time ran out."""
     deadline = time.monotonic() + timeout
     failed_at = None
     while True:
-        codes = [p.poll() for p in procs]
-        _note_descendants(procs, seen)
+        codes = [p.poll() for p in popens]
+        tree.note()              # torchrun's workers lead sessions of their own: note them
         if all(code is not None for code in codes):
             return codes, False
         now = time.monotonic()
@@ -266,56 +277,6 @@ def _wait(procs: list[subprocess.Popen], seen: dict, timeout: float) -> tuple[li
         if now >= deadline:
             return codes, True
         time.sleep(0.1)
-
-
-def _note_descendants(procs: list[subprocess.Popen], seen: dict) -> None:
-    """Remember every process the commands started (pid -> start time), to end them later."""
-    import psutil
-
-    for proc in procs:
-        try:
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                seen.setdefault(child.pid, child.create_time())
-        except psutil.Error:
-            pass
-
-
-def _end(procs: list[subprocess.Popen], seen: dict) -> None:
-    """End every process a launch started: each command's process group, then each noted pid."""
-    import psutil
-
-    _note_descendants(procs, seen)
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)   # its session's group; pid == pgid
-        except (ProcessLookupError, PermissionError):
-            pass
-    for pid, started in seen.items():
-        try:
-            child = psutil.Process(pid)
-            if child.create_time() == started:      # the same process, not a reused pid
-                child.kill()
-        except psutil.Error:
-            pass
-    for proc in procs:
-        try:
-            proc.wait(10)                           # reap our direct children
-        except subprocess.TimeoutExpired:
-            pass
-    # The others are not our children (init reaps them); wait until they are gone.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_running(p, t) for p, t in seen.items()):
-        time.sleep(0.05)
-
-
-def _running(pid: int, started: float) -> bool:
-    import psutil
-
-    try:
-        child = psutil.Process(pid)
-        return child.create_time() == started and child.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _cleaner(folder: str, ports: list[int]):

@@ -22,7 +22,6 @@ from run to run even though the bars moved at different speeds.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from typing import Any
@@ -38,7 +37,8 @@ _last_sent = {"time": -math.inf}
 
 def _publisher():
     """ipyparallel's ``publish_data`` when running on a ddplab rank, else None."""
-    if "DDPLAB_PARENT_PID" not in os.environ or "ipyparallel" not in sys.modules:
+    engine = sys.modules.get("ddplab.rank.engine")      # a plain script never imports it
+    if engine is None or not engine.in_lab() or "ipyparallel" not in sys.modules:
         return None
     try:
         from ipykernel.zmqshell import ZMQInteractiveShell
@@ -71,7 +71,7 @@ def report(step: int, total: int, **metrics: Any) -> bool:
     return True
 
 
-def describe(record: dict) -> str:
+def record_text(record: dict) -> str:
     """``12/46  epoch=2 loss=0.5312``: a rank's progress as one line of text."""
     metrics = " ".join(f"{name}={_number(value)}" for name, value in record["metrics"].items())
     return f"{record['step']}/{record['total']}" + (f"  {metrics}" if metrics else "")
@@ -166,7 +166,7 @@ class _WidgetView:
             bar.value = min(record["step"], bar.max)
             if record["step"] >= record["total"]:
                 bar.bar_style = "success"
-            self.texts[rank].value = describe(record)
+            self.texts[rank].value = record_text(record)
 
 
 class _TextView:
@@ -181,4 +181,4 @@ class _TextView:
             quarter = 4 * record["step"] // max(1, record["total"])
             if quarter > self.quarters.get(rank, -1):
                 self.quarters[rank] = quarter
-                print(f"  rank {rank}: {describe(record)}", flush=True)
+                print(f"  rank {rank}: {record_text(record)}", flush=True)

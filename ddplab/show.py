@@ -41,7 +41,7 @@ class Grid:
     rows: dict[int, Row]
 
 
-def describe(value: Any) -> Row:
+def row_of(value: Any) -> Row:
     """Flatten a value into grid cells. Runs on the rank, so only plain data travels."""
     import torch
 
@@ -65,12 +65,12 @@ def describe(value: Any) -> Row:
 
 def fetch(what: str | Callable[[], Any]) -> Row:
     """On a rank: evaluate a name/expression in the rank's namespace, or call a function."""
-    from .engine import namespace
+    from .rank.engine import namespace
 
     if callable(what):
-        return describe(what())
+        return row_of(what())
     try:
-        return describe(eval(what, namespace()))
+        return row_of(eval(what, namespace()))
     except NameError as exc:
         raise NameError(f"{exc}. ddplab.show({what!r}) looks for it in this rank's variables: "
                         f"define it in a %%ranks cell first.") from None
@@ -174,7 +174,7 @@ def show(*what: str | Callable[[], Any], lab: Any = None, titles: list[str] | No
     Tensors are flattened; a list of tensors is drawn with a bar between items.
     ``titles`` names the grids (default: the expressions); ``ranks`` picks rows.
     """
-    from .cluster import current
+    from .lab.cluster import current
 
     if not what:
         raise ConfigError("ddplab.show needs something to draw: the name of a variable on the "

@@ -14,7 +14,8 @@ function runs
 
       torchrun --nnodes 1 --nproc-per-node 2 -m ddplab.train
 
-Placement (``placement``), the same rule as ``ddplab.start(backend="auto")``:
+Placement (``placement``), the rule ``ddplab.start(backend="auto")`` follows too
+(``ddplab.env.nccl_fits``):
 at least one GPU per local rank -> nccl, one GPU each; fewer GPUs than local
 ranks -> gloo, ranks share the GPUs (nccl refuses two ranks on one GPU);
 no GPU -> gloo on CPU.
@@ -44,6 +45,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from . import data, progress
+from .env import nccl_fits
+from .errors import CommandError, ConfigError
+from .text import plural
 
 
 @dataclass
@@ -85,12 +89,12 @@ def placement(local_world_size: int, local_rank: int, gpus: int) -> tuple[str, t
     >>> placement(4, 3, gpus=2)[:2]
     ('gloo', device(type='cuda', index=1))
     """
-    if gpus >= local_world_size:
+    if nccl_fits(local_world_size, gpus):
         return "nccl", torch.device("cuda", local_rank), \
             f"nccl, one GPU per rank ({gpus} GPUs for {local_world_size} ranks)"
     if gpus > 0:
         return "gloo", torch.device("cuda", local_rank % gpus), \
-            (f"gloo, ranks share {gpus} GPU{'s' if gpus > 1 else ''} among {local_world_size} "
+            (f"gloo, ranks share {gpus} {plural(gpus, 'GPU')} among {local_world_size} "
              f"ranks (nccl refuses two ranks on one GPU)")
     return "gloo", torch.device("cpu"), "gloo on CPU (no GPU)"
 
@@ -293,12 +297,13 @@ def spawn(config: Config | None = None, nodes: int = 1, node_rank: int = 0,
     ``master_addr``/``master_port`` (rank 0's machine).
     """
     import torch.multiprocessing as mp
+
     from .env import free_port
 
     config = config or Config()
     if master_port is None:
         if nodes > 1:
-            raise ValueError("ddplab: with nodes > 1 every node must be given the same "
+            raise ConfigError("ddplab: with nodes > 1 every node must be given the same "
                              "master_port. Pass master_port=... (a free port on rank 0's machine).")
         master_port = free_port(master_addr)
     with tempfile.TemporaryDirectory(prefix="ddplab-train-") as tmp:
@@ -314,21 +319,21 @@ def torchrun(config: Config | None = None, nproc_per_node: int = 2, nnodes: int 
              timeout: float = 600, threads: int | None = None) -> dict:
     """Train under torchrun, in subprocesses on 127.0.0.1; return rank 0's result.
 
-    Runs ``torchrun --nnodes N --node-rank i --nproc-per-node P -m ddplab.train``
+    Runs ``torchrun --nnodes N --node_rank i --nproc_per_node P -m ddplab.train``
     once per node (several nodes are simulated on this machine), on a free
     port, with the lab's thread count per process (or ``threads``), so the
     result can be compared with ``lab.run(train)``. Every process is ended
     even on failure.
     """
     from .env import free_port, omp_threads
+    from .launch import torchrun_command
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="ddplab-torchrun-") as tmp:
         out = os.path.join(tmp, "result.pt")
-        commands = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
-                     "--node-rank", str(node), "--nproc-per-node", str(nproc_per_node),
-                     "--master-addr", "127.0.0.1", "--master-port", str(port),
-                     "-m", "ddplab.train", *config_args(config), "--out", out]
+        commands = [torchrun_command(["-m", "ddplab.train", *config_args(config), "--out", out],
+                                     nnodes=nnodes, node_rank=node,
+                                     nproc_per_node=nproc_per_node, master_port=port)
                     for node in range(nnodes)]
         threads = threads or omp_threads(nproc_per_node)
         run_commands(commands, timeout, {"OMP_NUM_THREADS": str(threads)})
@@ -343,43 +348,47 @@ def config_args(config: Config | None) -> list[str]:
                          isinstance(f.default, bool) else getattr(config, f.name)))]
 
 
+# How long the processes of a failed or timed-out run get to act on SIGTERM
+# (torchrun then ends its workers itself) before they are killed.
+_END_GRACE_S = 3.0
+
+
 def run_commands(commands: list[list[str]], timeout: float, env: dict | None = None) -> list[str]:
     """Run commands side by side and return their output; end every process they started.
 
-    Raises ``RuntimeError`` with each command's output if one fails or the
-    time runs out. Processes are ended by pid: each command's own, and every
-    descendant seen while waiting (torchrun's workers among them).
+    Raises ``CommandError`` with each command's output if one fails or the time
+    runs out. Every process is ended by ``ddplab.procs``' policy: each
+    command's session, and every descendant seen while waiting (torchrun's
+    workers among them).
     """
     import subprocess
 
-    import psutil
+    from . import procs
 
     environment = {**os.environ, **(env or {})}
     with tempfile.TemporaryDirectory(prefix="ddplab-run-") as tmp:
         logs = [open(os.path.join(tmp, f"out{i}.txt"), "w+") for i in range(len(commands))]
-        procs = [subprocess.Popen(c, stdout=log, stderr=subprocess.STDOUT, env=environment,
-                                  start_new_session=True) for c, log in zip(commands, logs)]
-        seen: set[psutil.Process] = set()
+        popens, tree = [], procs.Tree()
         deadline, failed = time.monotonic() + timeout, ""
         try:
-            while any(p.poll() is None for p in procs):
-                for p in procs:
-                    try:
-                        seen.update(psutil.Process(p.pid).children(recursive=True))
-                    except psutil.Error:
-                        pass
-                if any(p.poll() not in (None, 0) for p in procs):
+            for c, log in zip(commands, logs):
+                popens.append(procs.start(c, stdout=log, stderr=subprocess.STDOUT,
+                                          env=environment))
+                tree.add(popens[-1], session=True)
+            while any(p.poll() is None for p in popens):
+                tree.note()
+                if any(p.poll() not in (None, 0) for p in popens):
                     failed = "a command failed"
                     break
                 if time.monotonic() > deadline:
                     failed = f"the commands did not finish within {timeout:g} s"
                     break
                 time.sleep(0.1)
-            if not failed and any(p.returncode != 0 for p in procs):
+            if not failed and any(p.returncode != 0 for p in popens):
                 failed = "a command failed"
         finally:
-            _end_tree([p for p in procs if p.poll() is None], seen)
-            for p in procs:
+            tree.end(grace=_END_GRACE_S)
+            for p in popens:
                 p.wait()
         outputs = []
         for log in logs:
@@ -388,42 +397,9 @@ def run_commands(commands: list[list[str]], timeout: float, env: dict | None = N
             log.close()
     if failed:
         shown = "\n".join(f"--- {' '.join(c[:6])} ... (exit {p.returncode}) ---\n{o[-3000:]}"
-                          for c, p, o in zip(commands, procs, outputs))
-        raise RuntimeError(f"ddplab: {failed}.\n{shown}")
+                          for c, p, o in zip(commands, popens, outputs))
+        raise CommandError(f"ddplab: {failed}.\n{shown}")
     return outputs
-
-
-def _end_tree(procs: list, seen: set) -> None:
-    """Kill ``procs`` and every descendant, including any born while we look.
-
-    Each process is first stopped (SIGSTOP), so it cannot start another
-    between the moment we list its children and the moment we kill them.
-    """
-    import psutil
-
-    tree = set(seen)       # psutil checks each one's start time: a reused pid is never hit
-    for process in procs:
-        try:
-            tree.add(psutil.Process(process.pid))
-        except psutil.Error:
-            pass
-    frozen: set = set()
-    while tree - frozen:
-        for process in tree - frozen:
-            frozen.add(process)
-            try:
-                process.suspend()
-                tree.update(process.children(recursive=True))
-            except psutil.Error:
-                pass
-    for process in tree:
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
-    # SIGKILL is delivered when the process next runs; on a busy machine that
-    # is not at once. Return only when every one of them is gone.
-    psutil.wait_procs(list(tree), timeout=10)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -9,17 +9,39 @@ Each prints ``Correct: ...`` when the answer is right and raises an
 is wrong. They read the student's variables from the ranks (or run the
 student's function there) and compute the expected answer independently,
 usually with torch.distributed's own collective as the reference.
+
+A checker is named after its exercise, which is often the student's own
+function: ``ddplab.check.global_rank(global_rank)`` checks ``global_rank``.
+Notebooks call checkers through ``ddplab.check.``, so the two never collide.
 """
 
-from ._core import compare, passed, values_on_ranks
-from . import allreduce, collectives, launchers, p2p, sharding, training
+from . import (
+               allreduce,
+               byhand,
+               collectives,
+               launchers,
+               multinode,
+               p2p,
+               setup,
+               sharding,
+               sharding_model,
+               timeline,
+               training,
+)
+from ._core import compare as compare, passed as passed, values_on_ranks as values_on_ranks
 from .allreduce import *  # noqa: F401,F403
+from .byhand import *  # noqa: F401,F403
 from .collectives import *  # noqa: F401,F403
 from .launchers import *  # noqa: F401,F403
+from .multinode import *  # noqa: F401,F403
 from .p2p import *  # noqa: F401,F403
+from .setup import *  # noqa: F401,F403
 from .sharding import *  # noqa: F401,F403
+from .sharding_model import *  # noqa: F401,F403
+from .timeline import *  # noqa: F401,F403
 from .training import *  # noqa: F401,F403
 
-__all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__,
-                  *collectives.__all__, *launchers.__all__, *p2p.__all__, *sharding.__all__,
-                  *training.__all__])
+__all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *byhand.__all__,
+                  *collectives.__all__, *launchers.__all__, *multinode.__all__, *p2p.__all__,
+                  *setup.__all__, *sharding.__all__, *sharding_model.__all__,
+                  *timeline.__all__, *training.__all__])

@@ -11,19 +11,21 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from ..text import plural
+
 _MISSING = "<not defined on this rank>"
 
 
 def _lookup(name: str) -> Any:
     """On a rank: the value of ``name`` in its namespace, or a marker if there is none."""
-    from ddplab.engine import namespace
+    from ddplab.rank.engine import namespace
 
     return namespace().get(name, _MISSING)
 
 
 def lab_or_current(lab: Any = None) -> Any:
     """The lab to check: the one given, or the one running."""
-    from ddplab.cluster import current
+    from ddplab.lab.cluster import current
 
     return lab if lab is not None else current()
 
@@ -39,7 +41,7 @@ def values_on_ranks(name: str, lab: Any = None) -> list[Any]:
     missing = [rank for rank, value in enumerate(values) if isinstance(value, str) and value == _MISSING]
     if missing:
         where = ", ".join(map(str, missing))
-        raise AssertionError(f"no variable `{name}` on rank{'s' if len(missing) > 1 else ''} {where}. "
+        raise AssertionError(f"no variable `{name}` on {plural(len(missing), 'rank')} {where}. "
                              f"Run the exercise cell above (it must run on every rank: %%ranks) "
                              f"and keep the name `{name}`.")
     return values
@@ -48,6 +50,26 @@ def values_on_ranks(name: str, lab: Any = None) -> list[Any]:
 def run_on_ranks(fn: Callable, *args: Any, lab: Any = None, **kwargs: Any) -> list[Any]:
     """Call ``fn`` on every rank; a student's exception fails the check with that rank's traceback."""
     return lab_or_current(lab).run(fn, *args, **kwargs)
+
+
+def run_student_code(what: str, fn: Callable, *args: Any, lab: Any = None, timeout: float,
+                     hint: str) -> list[Any]:
+    """``run_on_ranks``, where ``fn`` runs the student's code: its failures become AssertionErrors.
+
+    A ``RankError`` (the student's code raised) fails the check with each
+    rank's traceback; a ``HangError`` fails it with ``deadlock``'s message,
+    ``hint`` saying what usually causes the hang. ``what`` names the code,
+    e.g. ``"my_all_reduce(...)"``.
+    """
+    from ddplab.errors import HangError, RankError
+
+    __tracebackhide__ = True
+    try:
+        return run_on_ranks(fn, *args, lab=lab, timeout=timeout)
+    except RankError as exc:
+        raise AssertionError(f"{what} raised an exception, so it cannot be checked:\n{exc}") from None
+    except HangError as exc:
+        raise deadlock(what, exc, timeout, hint) from None
 
 
 def deadlock(what: str, exc: Any, timeout: float, hint: str) -> AssertionError:
@@ -69,7 +91,7 @@ def require_function(got: list[Any], name: str, marker: str, kind: str = "functi
     missing = [rank for rank, value in enumerate(got) if isinstance(value, str) and value == marker]
     if missing:
         raise AssertionError(
-            f"no {kind} `{name}` on rank{'s' if len(missing) > 1 else ''} "
+            f"no {kind} `{name}` on {plural(len(missing), 'rank')} "
             f"{', '.join(map(str, missing))}. Run the exercise cell above (a %%ranks cell, so "
             f"every rank {verb} it) without errors, and keep the name `{name}`.")
 
@@ -119,7 +141,7 @@ def compare(what: str, expected: list[Any], got: list[Any], atol: float = 0.0,
         raise AssertionError(f"{what}: expected answers from {len(expected)} ranks, got {len(got)}.")
     if not wrong:
         return
-    lines = [f"{what} is wrong on rank{'s' if len(wrong) > 1 else ''} {', '.join(map(str, wrong))}."]
+    lines = [f"{what} is wrong on {plural(len(wrong), 'rank')} {', '.join(map(str, wrong))}."]
     for rank, (e, g) in enumerate(zip(expected, got)):
         mark = "   <-- wrong" if rank in wrong else ""
         lines.append(f"  rank {rank}: expected {_spell(e)}")

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._core import passed, run_on_ranks
+from ..text import plural
+from ._core import deadlock, lab_or_current, passed, run_on_ranks
 
 __all__ = [
     "naive_all_reduce",
@@ -98,8 +99,59 @@ def _wrong_elements(expected, got, atol: float) -> tuple[int, list[tuple[int, An
     return len(where), [(int(i), e[i].item(), g[i].item()) for i in where[:_SHOWN]]
 
 
-def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exercise: str) -> list[dict]:
-    """On a rank: each case's verdict for this rank. Every rank runs every case, so none is left waiting."""
+def _as_world(world: int | None, strays: list[str]):
+    """A context manager: on ranks 0..world-1 of a bigger lab, pretend the job has ``world`` ranks.
+
+    ``dist.get_world_size()`` answers ``world``. A send or receive naming a rank
+    outside it does nothing (a rank that is not taking part would never answer)
+    and is noted in ``strays``, so the verdict can say what went wrong.
+    """
+    import contextlib
+
+    import torch.distributed as dist
+
+    class _Done:
+        def wait(self, *args, **kwargs):
+            return True
+
+        def is_completed(self):
+            return True
+
+    @contextlib.contextmanager
+    def pretend():
+        if world is None:
+            yield
+            return
+        peers = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+        saved = {name: getattr(dist, name) for name in [*peers, "get_world_size"]}
+
+        def guarded(name, keyword, real):
+            def call(*args, **kwargs):
+                peer = kwargs.get(keyword, args[1] if len(args) > 1 else None)
+                if isinstance(peer, int) and not 0 <= peer < world:
+                    strays.append(f"dist.{name}({keyword}={peer})")
+                    return _Done() if name.startswith("i") else peer
+                return real(*args, **kwargs)
+            return call
+
+        dist.get_world_size = lambda group=None: world if group is None else saved["get_world_size"](group)
+        for name, keyword in peers.items():
+            setattr(dist, name, guarded(name, keyword, saved[name]))
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(dist, name, value)
+    return pretend()
+
+
+def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exercise: str,
+               world: int | None = None) -> list[dict]:
+    """On a rank: each case's verdict for this rank. Every rank runs every case, so none is left waiting.
+
+    With ``world``, only ranks ``0..world-1`` run it, as a job of ``world`` ranks:
+    the reference is then the sum of those ranks' inputs, made here.
+    """
     import torch
     import torch.distributed as dist
 
@@ -107,11 +159,15 @@ def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exerci
     verdicts = []
     for shape, dtype, seed in case_list:
         data = _make(shape, dtype, seed, rank)
-        expected = data.clone()
-        dist.all_reduce(expected)                    # the reference: torch's own all_reduce
+        if world is None:
+            expected = data.clone()
+            dist.all_reduce(expected)                # the reference: torch's own all_reduce
+        else:                                        # the reference: every taking part rank's input
+            expected = sum(_make(shape, dtype, seed, r) for r in range(world))
         got = data.clone()
+        strays: list[str] = []
         try:
-            with _forbidding(forbidden, exercise):
+            with _forbidding(forbidden, exercise), _as_world(world, strays):
                 returned = fn(got)
         except Exception as error:
             raise RuntimeError(f"{exercise} raised on the case shape={list(shape)}, dtype={dtype}, "
@@ -128,11 +184,16 @@ def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exerci
             # of the largest value (float16 rounds at 1e-3, float32 at 1e-7).
             atol = 0.0
             if expected.dtype.is_floating_point and expected.numel():
-                eps = max(1e-6, torch.finfo(expected.dtype).eps * 2 * dist.get_world_size())
+                eps = max(1e-6, torch.finfo(expected.dtype).eps * 2 * (world or dist.get_world_size()))
                 atol = eps * max(1.0, float(expected.abs().max()))
             verdict["count"], verdict["shown"] = _wrong_elements(expected, got, atol)
+        if strays:
+            verdict["count"] = verdict["count"] or 1
+            verdict["note"] = (f"it called {strays[0]}, but on {world} ranks there is no rank "
+                               f"{strays[0].split('=')[1].rstrip(')')}")
         verdicts.append(verdict)
-        dist.barrier()                               # cases never overlap on the wire
+        if world is None:
+            dist.barrier()                           # cases never overlap on the wire
     return verdicts
 
 
@@ -148,7 +209,7 @@ def _report(exercise: str, by_rank: list[list[dict]], hint: str) -> None:
     for size in shape:
         length *= size
     wrong = [rank for rank in range(world_size) if by_rank[rank][first]["count"]]
-    lines = [f"{exercise} is wrong on rank{'s' if len(wrong) > 1 else ''} "
+    lines = [f"{exercise} is wrong on {plural(len(wrong), 'rank')} "
              f"{', '.join(map(str, wrong))} for shape={list(shape)}, dtype={dtype}, seed={seed} "
              f"({length} elements on {world_size} ranks"
              f"{', not a multiple of world_size' if length % world_size else ''}); "
@@ -170,7 +231,8 @@ def _number(value: Any) -> str:
 
 
 def check_all_reduce(fn: Callable, exercise: str, forbidden: tuple[str, ...] = COLLECTIVES,
-                     hint: str = "", lab: Any = None, case_list: list | None = None) -> None:
+                     hint: str = "", lab: Any = None, case_list: list | None = None,
+                     quiet: bool = False) -> None:
     """Run ``fn`` on every rank for every case; print one line, or raise naming what is wrong."""
     if not callable(fn):
         raise AssertionError(f"{exercise} needs your function, e.g. ddplab.check.{exercise}"
@@ -179,6 +241,8 @@ def check_all_reduce(fn: Callable, exercise: str, forbidden: tuple[str, ...] = C
     by_rank = run_on_ranks(_run_cases, fn, case_list, forbidden, exercise, lab=lab)
     _report(exercise, by_rank, hint or "run it on a small tensor and print what each rank "
             "sends and receives.")
+    if quiet:
+        return
     shapes = sorted({"x".join(map(str, shape)) for shape, _, _ in case_list}, key=lambda s: (len(s), s))
     dtypes = sorted({dtype for _, dtype, _ in case_list})
     passed(f"{exercise} matches dist.all_reduce on every rank for {len(case_list)} cases "
@@ -209,7 +273,36 @@ def ring_all_reduce(fn: Callable, lab: Any = None) -> None:
 
 
 def recursive_doubling_all_reduce(fn: Callable, lab: Any = None) -> None:
-    """Check recursive doubling (pairwise exchange with rank XOR 2**k) built from send/recv."""
-    check_all_reduce(fn, "recursive_doubling_all_reduce", COLLECTIVES,
-                     "in round k exchange the whole tensor with rank ^ (1 << k) and add; wait for "
-                     "your isend before adding into the tensor you are sending.", lab)
+    """Check recursive doubling (pairwise exchange with rank XOR 2**k) built from send/recv.
+
+    On a lab whose size is a power of two (4 ranks), it also runs the function
+    on ranks 0..p-2 alone as a job of p - 1 ranks (3), so that an answer
+    without the non-power-of-two steps fails.
+    """
+    from ddplab.errors import HangError
+
+    exercise = "recursive_doubling_all_reduce"
+    hint = ("in round k exchange the whole tensor with rank ^ (1 << k) and add; wait for "
+            "your isend before adding into the tensor you are sending.")
+    lab = lab_or_current(lab)
+    n = lab.world_size
+    odd = n - 1 if n >= 4 and n & (n - 1) == 0 else None     # a non-power-of-two size to try too
+    if odd is None:
+        check_all_reduce(fn, exercise, COLLECTIVES, hint, lab)
+        return
+    check_all_reduce(fn, exercise, COLLECTIVES, hint, lab, quiet=True)
+    case_list = cases()
+    try:
+        got = run_on_ranks(_run_cases, fn, case_list, COLLECTIVES, exercise, odd,
+                           lab=lab, ranks=range(odd), timeout=60)
+    except HangError as exc:
+        raise deadlock(f"{exercise} on {odd} ranks (0..{odd - 1} of this lab)", exc, 60,
+                       f"with p = {odd}, q = {1 << (odd.bit_length() - 1)}: ranks q..p-1 first send "
+                       f"their tensor to rank r - q and receive the result from it at the end; only "
+                       f"ranks 0..q-1 run the rounds.") from None
+    _report(f"{exercise} on {odd} ranks", [got[r] for r in range(odd)],
+            f"{odd} is not a power of two: ranks q..p-1 (q the largest power of two <= p) send "
+            f"their tensor to rank r - q, which adds it before the rounds and sends the sum back "
+            f"after them.")
+    passed(f"{exercise} matches dist.all_reduce on every rank for {len(case_list)} cases on "
+           f"{n} ranks, and on {odd} of them (not a power of two).")

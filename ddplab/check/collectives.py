@@ -4,7 +4,7 @@ Each exercise asks for a function written in a ``%%ranks`` cell, so it lives
 on every rank and can use that rank's ``rank``, ``world_size`` and groups:
 
     %%ranks
-    def global_mean(x):
+    def global_mean(losses):
         ...
 
 The check cell names no arguments, ``ddplab.check.global_mean()``: the
@@ -21,9 +21,9 @@ deadlocks fails it with where each rank is stuck (the lab then needs
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-from ._core import compare, deadlock, lab_or_current, passed, require_function, run_on_ranks
+from ._core import compare, lab_or_current, passed, require_function, run_student_code
 
 __all__ = ["global_mean", "max_and_rank", "parity_sum", "rows_to_columns"]
 
@@ -39,7 +39,7 @@ def _call(name: str, inputs: list[Any]) -> Any:
     """
     import torch.distributed as dist
 
-    from ddplab.engine import namespace
+    from ddplab.rank.engine import namespace
 
     fn = namespace().get(name)
     if not callable(fn):
@@ -50,15 +50,9 @@ def _call(name: str, inputs: list[Any]) -> Any:
 
 def _answers(name: str, inputs: list[Any], lab: Any, timeout: float) -> list[list[Any]]:
     """``_call`` on every rank; a missing function, an exception or a hang becomes an AssertionError."""
-    from ddplab.errors import HangError, RankError
-
-    try:
-        got = run_on_ranks(_call, name, inputs, lab=lab, timeout=timeout)
-    except RankError as exc:
-        raise AssertionError(f"{name}(...) raised an exception, so it cannot be checked:\n{exc}") from None
-    except HangError as exc:
-        raise deadlock(f"{name}(...)", exc, timeout, "every rank of a group must call the same "
-                       "collectives in the same order.") from None
+    got = run_student_code(f"{name}(...)", _call, name, inputs, lab=lab, timeout=timeout,
+                           hint="every rank of a group must call the same collectives in the "
+                                "same order.")
     require_function(got, name, _MISSING)
     return got
 
@@ -86,27 +80,32 @@ def _plain(value: Any) -> Any:
 
 # ---------------------------------------------------------------- global_mean
 def global_mean(lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
-    """Check ``global_mean(x)``: every rank gets the element-wise mean of ``x`` over all ranks.
+    """Check ``global_mean(losses)``: every rank gets the mean over *all samples* of all ranks.
 
-    The answer is a new tensor with ``x``'s shape; ``x`` itself must stay as
-    it was. The reference is ``torch.stack(all inputs).mean(0)``.
+    ``losses`` is a 1-D float tensor of per-sample values whose length differs
+    from rank to rank (a short last batch; a rank with no sample at all). The
+    answer is that one number (a Python float or a one-element tensor);
+    ``losses`` must stay as it was. The reference is ``torch.cat(inputs).mean()``,
+    which the mean of the ranks' means is not.
     """
     import torch
 
     lab = lab_or_current(lab)
     n = lab.world_size
-    for trial, shape in enumerate([(3,), (2, 2)]):
-        inputs = [_integers(trial, rank, shape) for rank in range(n)]
+    # Lengths that differ per rank, so that the mean of means is wrong; then one rank with none.
+    for trial, lengths in enumerate([[1 + 2 * r for r in range(n)], [3] * (n - 1) + [0]]):
+        inputs = [_integers(trial, rank, (length,)) for rank, length in enumerate(lengths)]
         got = _answers("global_mean", inputs, lab, timeout)
-        expected = torch.stack(inputs).mean(0)
-        what = f"global_mean(x) with x = {_said(inputs)}"
-        compare(what, [expected] * n, [answer for answer, _ in got], atol=1e-5,
-                hint="all_reduce the sum of every rank's x (on a copy), then divide by "
-                     "world_size; or all_reduce once with op=dist.ReduceOp.AVG.")
-        compare("x after global_mean(x)", inputs, [x for _, x in got],
-                hint="all_reduce works in place: give it x.clone(), so the caller's x keeps "
-                     "this rank's own values.")
-    passed("global_mean(x) gives every rank the mean over all ranks, and leaves x alone.")
+        expected = torch.cat(inputs).mean().item()
+        what = f"global_mean(losses) with losses = {_said(inputs)}"
+        compare(what, [expected] * n, [_plain(answer) for answer, _ in got], atol=1e-4,
+                hint="the mean of the ranks' means counts a short batch as much as a full one. "
+                     "all_reduce two numbers, this rank's sum of losses and its number of samples "
+                     "(one tensor, on a copy), then divide the total sum by the total count.")
+        compare("losses after global_mean(losses)", inputs, [x for _, x in got],
+                hint="all_reduce works in place: reduce a new tensor, so the caller's losses "
+                     "keep this rank's own values.")
+    passed("global_mean(losses) gives every rank the mean over all samples, and leaves losses alone.")
 
 
 # --------------------------------------------------------------- max_and_rank
@@ -188,7 +187,8 @@ def rows_to_columns(lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
         inputs = [block.clone() for block in matrix.chunk(n, dim=0)]
         got = _answers("rows_to_columns", inputs, lab, timeout)
         expected = [column.clone() for column in matrix.chunk(n, dim=1)]
-        compare(f"rows_to_columns(block) with block shape {list(inputs[0].shape)}", expected, [answer for answer, _ in got],
+        compare(f"rows_to_columns(block) with block shape {list(inputs[0].shape)}", expected,
+                [answer for answer, _ in got],
                 hint="cut block into world_size pieces along dim=1 (piece j goes to rank j), "
                      "all_to_all them, and torch.cat what arrives along dim=0, in rank order.")
     passed("every rank turned its block of rows into its block of columns.")

@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from ._core import compare, deadlock, lab_or_current, passed, require_function, run_on_ranks
+from ._core import compare, lab_or_current, passed, require_function, run_on_ranks, run_student_code
 
 __all__ = ["epoch_loader", "global_accuracy", "save_checkpoint", "wrap_model"]
 
@@ -37,22 +37,16 @@ _SAMPLES = 24
 
 def _student(name: str, lab: Any, fn, *args: Any) -> list[Any]:
     """Run ``fn(student_function, *args)`` on every rank; turn every failure into an AssertionError."""
-    from ddplab.errors import HangError, RankError
-
-    try:
-        got = run_on_ranks(_with_function, name, fn, *args, lab=lab, timeout=_TIMEOUT)
-    except RankError as exc:
-        raise AssertionError(f"{name}(...) raised an exception, so it cannot be checked:\n{exc}") from None
-    except HangError as exc:
-        raise deadlock(f"{name}(...)", exc, _TIMEOUT, "every rank must make the same collective "
-                       "calls, a barrier included.") from None
+    got = run_student_code(f"{name}(...)", _with_function, name, fn, *args, lab=lab,
+                           timeout=_TIMEOUT, hint="every rank must make the same collective "
+                                                  "calls, a barrier included.")
     require_function(got, name, _MISSING)
     return got
 
 
 def _with_function(name: str, fn, *args: Any) -> Any:
     """On a rank: look up the student's function and hand it to ``fn``."""
-    from ddplab.engine import namespace
+    from ddplab.rank.engine import namespace
 
     student = namespace().get(name)
     return fn(student, *args) if callable(student) else _MISSING
@@ -64,7 +58,7 @@ def _describe_wrapping() -> dict:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from ddplab.engine import namespace
+    from ddplab.rank.engine import namespace
     from ddplab.train import device_for_this_rank
 
     ns = namespace()

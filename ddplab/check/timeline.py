@@ -1,0 +1,137 @@
+"""Checkers for exercises whose answer is read off a timeline (``lab.trace()``).
+
+The student traces a cell, reads the picture, and writes down what it shows:
+
+    with lab.trace() as tr:
+        lab.run(ddplab.trace.uneven_work)
+    tr                                      # the picture
+    ddplab.check.straggler(2)               # "rank 2 is the one the others waited for"
+
+Each checker works the answer out again from the trace's own events (the
+given ``trace``, else the one that stopped last), never from a stored value:
+if the run changes, so does the right answer. A wrong answer raises an
+``AssertionError`` that shows, per rank, what the trace measured.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._core import passed
+
+__all__ = ["ddp_all_reduces", "messages_per_rank", "straggler", "who_waited"]
+
+
+def _trace(trace: Any, checker: str) -> Any:
+    from .. import trace as tracing
+
+    trace = trace if trace is not None else tracing.last()
+    if trace is None or trace.events is None:
+        raise AssertionError(f"ddplab.check.{checker} reads the timeline of the traced cell above, "
+                             f"but there is none yet. Run that cell first (`with lab.trace() as "
+                             f"tr:` or `%%ranks --trace`), then this check.")
+    return trace
+
+
+def _seconds(value: float) -> str:
+    from ..timeline import seconds
+    return seconds(value)
+
+
+def _waits_by_rank(trace: Any, kinds: tuple[str, ...]) -> str:
+    lines = []
+    for rank in trace.ranks:
+        waited = sum(e.waited for e in trace.on(rank) if e.kind in kinds)
+        lines.append(f"  rank {rank}: waited {_seconds(waited)} for others")
+    return "\n".join(lines)
+
+
+def straggler(answer: Any, trace: Any = None) -> None:
+    """Which rank did the others wait for in the collectives? ``answer``: a rank number."""
+    __tracebackhide__ = True
+    trace = _trace(trace, "straggler")
+    truth = trace.straggler()
+    if truth is None:
+        raise AssertionError("in this trace no rank waited for another in a collective, so there "
+                             "is no straggler to find. Re-run the traced cell above.")
+    if isinstance(answer, bool) or not isinstance(answer, int):
+        raise AssertionError(f"answer with a rank number, e.g. ddplab.check.straggler(0); "
+                             f"got {answer!r}.")
+    if answer != truth:
+        raise AssertionError(
+            f"rank {answer} is not the straggler: in the trace the others waited for rank "
+            f"{truth}.\n{_waits_by_rank(trace, ('collective',))}\nHint: the straggler is the "
+            f"rank whose collective box has no hatching; everyone else's box is hatched while "
+            f"they wait for it to arrive.")
+    passed(f"rank {truth} arrived last, and every other rank waited for it in the collective.")
+
+
+def who_waited(answer: Any, trace: Any = None) -> None:
+    """Which call waited longest, on which rank? ``answer``: ``(rank, op)``, e.g. ``(1, "recv")``."""
+    __tracebackhide__ = True
+    trace = _trace(trace, "who_waited")
+    waits = [e for e in trace.events if e.waited > 0]
+    if not waits:
+        raise AssertionError("in this trace no call waited for another rank. Re-run the traced "
+                             "cell above.")
+    longest = max(waits, key=lambda e: e.waited)
+    if not (isinstance(answer, tuple) and len(answer) == 2):
+        raise AssertionError(f"answer with (rank, op), e.g. ddplab.check.who_waited((1, 'recv')); "
+                             f"got {answer!r}.")
+    rank, op = answer
+    if (rank, op) != (longest.rank, longest.op):
+        calls = "\n".join(f"  rank {e.rank}: {e.op} waited {_seconds(e.waited)}"
+                          for e in sorted(waits, key=lambda e: -e.waited)[:6])
+        raise AssertionError(f"({rank!r}, {op!r}) is not the call that waited longest. The "
+                             f"trace measured:\n{calls}\nHint: waiting is the hatched part of "
+                             f"a box; the longest hatching is the answer.")
+    passed(f"{longest.op} on rank {longest.rank} waited longest, for the other rank.")
+
+
+def ddp_all_reduces(answer: Any, trace: Any = None) -> None:
+    """How many all_reduces did DDP issue during one backward (the last one on rank 0)?"""
+    __tracebackhide__ = True
+    trace = _trace(trace, "ddp_all_reduces")
+    rank = trace.ranks[0]
+    backwards = [c for c in trace.compute if c.rank == rank and c.op == "backward"]
+    if not backwards:
+        raise AssertionError(f"the trace holds no backward pass on rank {rank}. Trace a cell "
+                             f"that calls loss.backward() on a DDP model.")
+    last = backwards[-1]
+    issued = [e for e in trace.on(rank) if e.op == "all_reduce" and e.source == "torch"
+              and last.start <= e.start <= last.end]
+    if isinstance(answer, bool) or not isinstance(answer, int):
+        raise AssertionError(f"answer with a number, e.g. ddplab.check.ddp_all_reduces(3); "
+                             f"got {answer!r}.")
+    if answer != len(issued):
+        sizes = ", ".join(_size(e.nbytes) for e in issued) or "none"
+        raise AssertionError(f"DDP issued {len(issued)} all_reduce(s) during the last backward "
+                             f"on rank {rank}, not {answer}: {sizes}.\nHint: count the purple "
+                             f"'by torch' bars that start inside the grey backward box; each is "
+                             f"one gradient bucket.")
+    passed(f"DDP issued {len(issued)} bucket all_reduce(s) while backward was still running.")
+
+
+def _size(nbytes: int) -> str:
+    from ..timeline import size
+    return size(nbytes)
+
+
+def messages_per_rank(answer: Any, trace: Any = None) -> None:
+    """How many messages (``send`` + ``isend``) did each rank send in the traced run?"""
+    __tracebackhide__ = True
+    trace = _trace(trace, "messages_per_rank")
+    counts = {r: sum(1 for e in trace.on(r) if e.op in ("send", "isend")) for r in trace.ranks}
+    if len(set(counts.values())) != 1:
+        raise AssertionError("the ranks did not all send the same number of messages: "
+                             + ", ".join(f"rank {r}: {n}" for r, n in counts.items())
+                             + ". Trace a cell that runs the same all_reduce on every rank.")
+    truth = next(iter(counts.values()))
+    if isinstance(answer, bool) or not isinstance(answer, int):
+        raise AssertionError(f"answer with a number, e.g. ddplab.check.messages_per_rank(4); "
+                             f"got {answer!r}.")
+    if answer != truth:
+        raise AssertionError(f"each rank sent {truth} message(s) in the trace, not {answer}.\n"
+                             + "\n".join(f"  rank {r}: {n} sends" for r, n in counts.items())
+                             + "\nHint: count the arrows leaving one rank's lane.")
+    passed(f"each rank sent {truth} messages.")

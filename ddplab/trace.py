@@ -1,0 +1,410 @@
+"""A timeline of what the ranks' torch.distributed calls did: who waited for whom.
+
+    with lab.trace() as tr:                # every rank records while the block runs
+        lab.run(step)                      # or %%ranks cells, lab.run_cell, ...
+    tr                                     # the picture: one lane per rank, time left to right
+    tr.events                              # one Event per operation, on one clock
+    tr.save("trace.json")                  # open it in https://ui.perfetto.dev or chrome://tracing
+
+    %%ranks --trace                        # the same for one cell, picture under it
+
+What is recorded (see ``ddplab.rank.trace`` for how): every ``send``/``recv``,
+``isend``/``irecv`` and the ``wait`` on their Work, every collective and
+object collective, ``barrier``, ``init_process_group``/``destroy_process_group``/
+``new_group``, the ops torch issues itself from C++ (DDP's gradient-bucket
+all_reduces during ``backward``, its broadcast of rank 0's weights), and each
+``backward`` call and ``ddplab.trace.region(name)`` as compute. Nothing is
+installed on a rank outside a trace.
+
+Clocks. Each rank stamps with ``time.perf_counter()`` and converts to its
+wall clock (``time.time()``) through one pair of readings taken when the trace
+starts. Ranks whose machine is the kernel's (same ``boot_id``: one kernel, one
+clock) need nothing more: their times agree to a microsecond. For ranks on
+other hosts ddplab measures each clock's offset from the kernel's with five
+round trips (Cristian's method) and subtracts it; ``tr.clock[rank]`` holds
+the offset and its error bound, half the shortest round trip (a few ms
+through ipyparallel). Hosts kept in step by NTP/chrony usually agree better
+than that already, and the offsets then come out near zero.
+
+Times in ``tr.events`` are seconds since the trace started.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import ConfigError, DdplabError
+from .rank import trace as _rank
+from .rank.trace import region
+
+__all__ = ["Event", "Trace", "last", "region", "uneven_work"]
+_last: Trace | None = None
+_recording: dict[int, Trace] = {}      # id(lab) -> its trace that is recording now
+
+
+@dataclass(frozen=True)
+class Event:
+    """One operation on one rank. Times are seconds since the trace started."""
+    index: int                     # position in tr.events
+    rank: int
+    op: str                        # "send", "all_reduce", "wait", "backward", ...
+    kind: str                      # "p2p", "collective", "wait", "setup" or "compute"
+    start: float
+    end: float                     # when the call returned
+    peer: int | None = None        # p2p: the other rank (global rank)
+    root: int | None = None        # broadcast/reduce/gather/scatter: the root
+    nbytes: int = 0                # the tensor(s) this rank passed in; object ops: bytes moved
+    group: tuple[int, ...] | None = None   # None: the whole world
+    site: str | None = None        # "cell line 3", or file:line outside a cell
+    source: str = "call"           # "call": the rank's code called it; "torch": torch did (DDP)
+    blocking: bool = True
+    done: float | None = None      # an async op: complete by then (the first time the rank
+                                   # looked after it was; an upper bound), where known
+    of: int | None = None          # a wait: index of the op it waited for
+    waited: float = 0.0            # seconds of this call spent waiting for another rank
+    match: int | None = None       # p2p: index of the matching send/recv
+    tag: int = 0
+    error: str | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def finish(self) -> float:
+        """When the operation was over: its completion if known, else when the call returned."""
+        return self.done if self.done is not None else self.end
+
+
+@dataclass
+class Clock:
+    """How one rank's times were put on the kernel's clock."""
+    offset: float = 0.0            # seconds this rank's clock is ahead of the kernel's
+    error: float = 0.0             # the offset is right within +- this
+    how: str = "same machine"
+
+
+class Trace:
+    """Record the ranks' torch.distributed operations; make one with ``lab.trace()``."""
+
+    def __init__(self, lab: Any, ranks: Any = None, align: str = "auto") -> None:
+        if align not in ("auto", "ping"):
+            raise ConfigError(f"ddplab: lab.trace(align=...) is 'auto' or 'ping', got {align!r}.")
+        self.lab, self.align = lab, align
+        self.ranks = lab.check_ranks(ranks)
+        self.events: list[Event] | None = None
+        self.compute: list[Event] = []
+        self.clock: dict[int, Clock] = {}
+        self.t0 = 0.0
+        self.running = False
+        self.complete = False
+
+    # ---------------------------------------------------------------- recording
+    def start(self) -> Trace:
+        other = _recording.get(id(self.lab))
+        if other is not None:
+            raise DdplabError("ddplab: a trace is already recording on this lab"
+                              + (" (this one)" if other is self else "")
+                              + "; one at a time. Stop it first (tr.stop(), or leave its "
+                              "`with lab.trace()` block), or drop --trace inside it.")
+        self.t0 = time.time()
+        infos = self.lab.run(_rank.start, ranks=self.ranks)
+        self.running = True
+        _recording[id(self.lab)] = self
+        here = _rank.boot_id()
+        far = [r for r, info in infos.items() if info["boot_id"] != here or self.align == "ping"]
+        self.clock = {r: Clock() for r in self.ranks}
+        if far:
+            self.clock.update(_measure_offsets(self.lab, far))
+        return self
+
+    def stop(self) -> Trace:
+        """Stop recording on every rank and collect what it recorded."""
+        global _last
+        if not self.running:
+            raise DdplabError("ddplab: this trace is not recording; start it with tr.start() "
+                              "or `with lab.trace() as tr:`.")
+        self.running = False
+        _recording.pop(id(self.lab), None)
+        results = self.lab.run(_rank.stop, ranks=self.ranks)
+        self._build(results)
+        self.complete = all(results[r]["recorded"] for r in self.ranks)
+        _last = self
+        return self
+
+    def __enter__(self) -> Trace:
+        return self.start()
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if exc is None:
+            self.stop()
+            return
+        try:                      # a cell failed: keep what the ranks recorded, if they can say
+            self.stop()
+        except DdplabError:       # the ranks are stuck (HangError): the lab says how to recover
+            pass
+
+    # ---------------------------------------------------------------- the data
+    def _build(self, results: dict[int, dict]) -> None:
+        rows, compute = [], []
+        for rank in self.ranks:
+            shift = self.t0 + self.clock[rank].offset
+            base = len(rows)
+            for item in results[rank]["events"]:
+                # The lab's rank number: a bare rank may not have joined a group yet.
+                item = dict(item, rank=rank)
+                for key in ("start", "end", "done"):
+                    if item.get(key) is not None:
+                        item[key] -= shift
+                if item.get("of") is not None:
+                    item["of"] += base
+                rows.append(item)
+            compute += [dict(c, rank=rank, start=c["start"] - shift, end=c["end"] - shift)
+                        for c in results[rank]["compute"]]
+        _analyse(rows)
+        self.events = [_event(i, row) for i, row in enumerate(rows)]
+        self.compute = sorted((_event(-1, c) for c in compute), key=lambda e: (e.rank, e.start))
+
+    def _require(self) -> list[Event]:
+        if self.events is None:
+            raise DdplabError("ddplab: this trace has no events yet: use `with lab.trace() as tr:` "
+                              "and look at tr after the block.")
+        return self.events
+
+    def on(self, rank: int) -> list[Event]:
+        """The events of one rank, in the order it called them."""
+        return [e for e in self._require() if e.rank == rank]
+
+    def find(self, op: str, rank: int | None = None) -> list[Event]:
+        """The events of one op (``"send"``, ``"all_reduce"``), on one rank or all."""
+        return [e for e in self._require() if e.op == op and (rank is None or e.rank == rank)]
+
+    def collectives(self) -> list[list[Event]]:
+        """Each collective call as the list of its events, one per rank, in call order."""
+        return _instances([e for e in self._require()])
+
+    def straggler(self) -> int | None:
+        """The rank the others waited for in collectives, or None if nobody waited."""
+        caused: dict[int, float] = defaultdict(float)
+        for instance in self.collectives():
+            if len(instance) < 2:
+                continue
+            last = max(instance, key=lambda e: e.start)
+            caused[last.rank] += sum(e.waited for e in instance if e is not last)
+        if not caused or max(caused.values()) <= 0:
+            return None
+        return max(caused, key=caused.get)
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds from the first recorded start to the last end, over every rank."""
+        items = self._require() + self.compute
+        return max((max(e.end, self.over(e)) for e in items), default=0.0) - \
+            min((e.start for e in items), default=0.0)
+
+    def zoom(self, start: float | None = None, end: float | None = None,
+             after: str | None = None) -> Zoom:
+        """The picture of one stretch of time (seconds since the trace started).
+
+        ``after="barrier"`` keeps, on each rank, what came after its last ``barrier``:
+        ranks begin a ``lab.run`` milliseconds apart, and a barrier lines them up.
+        """
+        events = self._require()
+        cutoff = {r: -1e9 if start is None else start for r in self.ranks}
+        if after is not None:
+            ends = {e.rank: e.end for e in events if e.op == after}   # the last one per rank
+            if not ends:
+                raise ConfigError(f"ddplab: tr.zoom(after={after!r}): this trace has no {after!r}. "
+                                  f"Ops in it: {', '.join(sorted({e.op for e in events}))}.")
+            cutoff.update(ends)
+        return Zoom(self, cutoff, 1e9 if end is None else end)
+
+    def over(self, event: Event) -> float:
+        """When an op was over, at the latest: ``done`` if known, else the end of the first
+        wait on it, else when its call returned."""
+        if event.done is not None:
+            return event.done
+        waits = [w.end for w in self._require() if w.kind == "wait" and w.of == event.index]
+        return min(waits) if waits else event.end
+
+    # ---------------------------------------------------------------- the forms
+    def summary(self) -> str:
+        from .timeline import summary
+        return summary(self)
+
+    def __repr__(self) -> str:
+        if self.events is None:
+            return f"<ddplab.Trace of ranks {self.ranks}: {'recording' if self.running else 'not started'}>"
+        return self.summary()
+
+    def _repr_html_(self) -> str | None:
+        if self.events is None:
+            return None
+        from .timeline import html
+        return html(self)
+
+    def to_chrome(self) -> dict:
+        """The trace in Chrome's trace-event format (what Perfetto and chrome://tracing read)."""
+        return _chrome(self)
+
+    def save(self, path: str) -> str:
+        """Write the Chrome/Perfetto trace-event JSON to ``path``; returns the path."""
+        with open(path, "w") as f:
+            json.dump(self.to_chrome(), f)
+        return path
+
+
+class Zoom:
+    """Part of a trace, drawn and summarised like the whole (``tr.zoom``).
+
+    ``cutoff[rank]``: from when on that rank's ops are kept; ``end``: until when.
+    """
+
+    def __init__(self, trace: Trace, cutoff: dict[int, float], end: float) -> None:
+        self.trace, self.cutoff, self.end = trace, cutoff, end
+
+    def keeps(self, event: Event) -> bool:
+        return self.cutoff.get(event.rank, -1e9) < event.start <= self.end
+
+    def __repr__(self) -> str:
+        from .timeline import summary
+        return summary(self.trace, keep=self.keeps)
+
+    def _repr_html_(self) -> str:
+        from .timeline import html
+        return html(self.trace, keep=self.keeps)
+
+
+def last() -> Trace | None:
+    """The trace that stopped most recently in this kernel (what checkers read)."""
+    return _last
+
+
+def _measure_offsets(lab: Any, ranks: list[int], rounds: int = 5) -> dict[int, Clock]:
+    """Cristian's method: each rank's clock minus the kernel's, from the shortest round trip."""
+    best: dict[int, tuple[float, float]] = {}
+    for _ in range(rounds):
+        before = time.time()
+        stamps = lab.run(_rank.now, ranks=ranks)
+        after = time.time()
+        for rank, stamp in stamps.items():
+            trip = after - before
+            if rank not in best or trip < best[rank][1]:
+                best[rank] = (stamp - (before + after) / 2, trip)
+    return {r: Clock(offset, trip / 2, "round trips through ipyparallel")
+            for r, (offset, trip) in best.items()}
+
+
+def _event(index: int, row: dict) -> Event:
+    known = Event.__dataclass_fields__
+    row = {k: v for k, v in row.items() if k in known}
+    row.setdefault("end", row["start"])
+    if row.get("group") is not None:
+        row["group"] = tuple(row["group"])
+    return Event(index=index, **{k: v for k, v in row.items() if k != "index"})
+
+
+def _group_key(event: dict | Event) -> Any:
+    group = event["group"] if isinstance(event, dict) else event.group
+    return None if group is None else tuple(group)
+
+
+def _instances(events: list) -> list[list]:
+    """Collectives matched across ranks: the k-th on a group on each rank belong together."""
+    per_rank: dict[tuple, list] = defaultdict(list)
+    for e in events:
+        kind = e["kind"] if isinstance(e, dict) else e.kind
+        if kind == "collective":
+            rank = e["rank"] if isinstance(e, dict) else e.rank
+            per_rank[(_group_key(e), rank)].append(e)
+    grouped: dict[tuple, list] = defaultdict(list)
+    for (group, _), items in per_rank.items():
+        for k, e in enumerate(items):
+            grouped[(group, k)].append(e)
+    start = (lambda e: e["start"]) if events and isinstance(events[0], dict) else (lambda e: e.start)
+    return sorted(grouped.values(), key=lambda inst: min(start(e) for e in inst))
+
+
+def _analyse(rows: list[dict]) -> None:
+    """Match sends to recvs, collectives across ranks, and work out who waited how long."""
+    queues: dict[tuple, list[int]] = defaultdict(list)
+    for i, row in enumerate(rows):
+        if row["op"] in ("send", "isend", "send_object_list") and row.get("peer") is not None:
+            queues[("s", row["rank"], row["peer"], _group_key(row), row.get("tag", 0))].append(i)
+    for i, row in enumerate(rows):
+        if row["op"] in ("recv", "irecv", "recv_object_list") and row.get("peer") is not None:
+            queue = queues.get(("s", row["peer"], row["rank"], _group_key(row), row.get("tag", 0)))
+            if queue:
+                j = queue.pop(0)
+                row["match"], rows[j]["match"] = j, i
+    for row in rows:
+        span = row["end"] - row["start"]
+        if row["kind"] == "wait":
+            row["waited"] = span
+        elif row["kind"] == "p2p" and row.get("blocking") and row.get("match") is not None:
+            other = rows[row["match"]]
+            row["waited"] = min(max(other["start"] - row["start"], 0.0), span)
+    for instance in _instances(rows):
+        arrived = max(e["start"] for e in instance)
+        for e in instance:
+            if e.get("blocking"):
+                e["waited"] = min(max(arrived - e["start"], 0.0), e["end"] - e["start"])
+
+
+def _chrome(trace: Trace) -> dict:
+    """Chrome trace-event JSON: one process per rank, threads for calls and async ops."""
+    def us(seconds):
+        return round(seconds * 1e6, 3)
+    out: list[dict] = []
+    for rank in trace.ranks:
+        out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                    "args": {"name": f"rank {rank}"}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+                    "args": {"sort_index": rank}})
+        for tid, name in ((0, "calls"), (1, "in flight (async)")):
+            out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                        "args": {"name": name}})
+    for e in trace._require() + trace.compute:
+        args = {k: v for k, v in asdict(e).items()
+                if k not in ("rank", "op", "start", "end", "kind") and v not in (None, 0, 0.0)}
+        out.append({"name": e.op, "cat": e.kind, "ph": "X", "pid": e.rank, "tid": 0,
+                    "ts": us(e.start), "dur": us(max(e.duration, 0.0)), "args": args})
+        if not e.blocking and e.kind != "compute":
+            out.append({"name": f"{e.op} in flight", "cat": "async", "ph": "X", "pid": e.rank,
+                        "tid": 1, "ts": us(e.start),
+                        "dur": us(max(trace.over(e) - e.start, 0.0)), "args": args})
+    flow = 0
+    for e in trace.events:
+        if e.op in ("send", "isend", "send_object_list") and e.match is not None:
+            r = trace.events[e.match]
+            flow += 1
+            out.append({"name": f"{e.op} {e.rank}->{r.rank}", "cat": "p2p", "ph": "s", "id": flow,
+                        "pid": e.rank, "tid": 0, "ts": us(e.start)})
+            out.append({"name": f"{e.op} {e.rank}->{r.rank}", "cat": "p2p", "ph": "f", "bp": "e",
+                        "id": flow, "pid": r.rank, "tid": 0, "ts": us(r.start)})
+    return {"traceEvents": out, "displayTimeUnit": "ms",
+            "otherData": {"tool": "ddplab", "clock": {r: asdict(c) for r, c in trace.clock.items()},
+                          "t0_unix_s": trace.t0}}
+
+
+def uneven_work(seconds: dict | None = None, seed: int = 0) -> float:
+    """On a rank: some work of its own, more on one rank than the others, then an all_reduce.
+
+    For the "which rank is the straggler?" exercise: which rank works longest
+    is not in the notebook's code, and the timeline shows it. ``seconds`` maps
+    rank -> seconds of work to choose it yourself. Returns this rank's seconds.
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    slow = (seed * 7 + 2) % world
+    mine = (seconds or {}).get(rank, 0.6 if rank == slow else 0.05)
+    with region("work"):
+        time.sleep(mine)
+    dist.all_reduce(torch.tensor([mine]))
+    return mine
