@@ -10,6 +10,13 @@ import pytest
 import ddplab
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """Tests on the network-namespace hosts are the ``netns`` tier (root and iproute2)."""
+    for item in items:
+        if "hosts_lab" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.netns)
+
+
 @pytest.fixture(scope="session")
 def lab():
     """A running 2-rank gloo lab, restarted if a test left it broken."""
@@ -20,20 +27,20 @@ def lab():
 @pytest.fixture
 def fresh_lab(lab):
     """The session lab, guaranteed usable: restarted if an earlier test broke it."""
-    if not lab.running or lab._broken:
+    if not lab.healthy:
         lab.restart()
-    ddplab.cluster._current = lab
+    ddplab.lab.cluster.make_current(lab)
     return lab
 
 
 @pytest.fixture(scope="session")
 def lab4():
     """A running 4-rank gloo lab, beside the 2-rank one (start() would replace that one)."""
-    from ddplab.cluster import Lab, LabSpec
+    from ddplab.lab.cluster import Lab, LabSpec
 
     lab = Lab(LabSpec(world_size=4, backend="gloo", timeout=60, grace=2.0,
                       pg_timeout=1800, debug=False), gpus=0)
-    lab._launch()
+    lab.start()
     yield lab
     lab.stop()
 
@@ -41,9 +48,9 @@ def lab4():
 @pytest.fixture
 def fresh_lab4(lab4):
     """The 4-rank lab, usable and current, so checkers and ddplab.show find it."""
-    if not lab4.running or lab4._broken:
+    if not lab4.healthy:
         lab4.restart()
-    ddplab.cluster._current = lab4
+    ddplab.lab.cluster.make_current(lab4)
     return lab4
 
 

@@ -7,7 +7,9 @@ import pytest
 import ddplab
 from ddplab import algorithms
 from ddplab.check import allreduce as check
-from ddplab.cluster import Lab, LabSpec
+from ddplab.lab.cluster import Lab, LabSpec
+
+pytestmark = pytest.mark.slow
 
 IMPLEMENTATIONS = [algorithms.naive_all_reduce_collectives, algorithms.naive_all_reduce,
                    algorithms.ring_all_reduce, algorithms.recursive_doubling_all_reduce]
@@ -16,7 +18,7 @@ IMPLEMENTATIONS = [algorithms.naive_all_reduce_collectives, algorithms.naive_all
 def _small_lab(world_size):
     lab = Lab(LabSpec(world_size=world_size, backend="gloo", timeout=120, grace=2.0,
                       pg_timeout=1800, debug=False), gpus=0)
-    lab._launch()
+    lab.start()
     return lab
 
 

@@ -59,6 +59,7 @@ def test_table_has_one_line_per_result():
                                 "0.205", "0.205"]
 
 
+@pytest.mark.slow
 def test_sweep_times_every_collective_on_real_ranks(fresh_lab):
     results = bench.sweep(fresh_lab, ["all_reduce", "broadcast", "all_gather"], ["4K", "64K"],
                           repeats=1)
@@ -70,6 +71,7 @@ def test_sweep_times_every_collective_on_real_ranks(fresh_lab):
     assert [r.nbytes for r in results[:2]] == [4096, 65536]
 
 
+@pytest.mark.slow
 def test_sweep_times_a_students_function(fresh_lab):
     def my_all_reduce(tensor):
         import torch.distributed as dist
@@ -79,6 +81,7 @@ def test_sweep_times_a_students_function(fresh_lab):
     assert [r.name for r in results][-1] == "mine"
 
 
+@pytest.mark.slow
 def test_machine_measures_a_link_and_an_add(fresh_lab):
     link = bench.machine(fresh_lab, sizes=["4", "1M"], repeats=1)
     assert set(link) == {"alpha", "beta", "beta_add", "pingpong"}
@@ -101,6 +104,7 @@ def test_plot_draws_time_and_busbw():
     assert ring2.get_color() == ring4.get_color() and ring2.get_linestyle() != ring4.get_linestyle()
 
 
+@pytest.mark.slow
 def test_command_line_prints_a_table():
     done = subprocess.run([sys.executable, "-m", "ddplab.bench", "--world-sizes", "2", "--sizes",
                            "4K", "64K", "--repeats", "1"], capture_output=True, text=True, timeout=600)

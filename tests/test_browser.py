@@ -28,8 +28,6 @@ import json
 import os
 import re
 import secrets
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -38,10 +36,12 @@ import urllib.request
 from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
-
 from conftest import my_process_tree
+
+from ddplab import procs
+
+pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parent.parent
 JUPYTER = Path(sys.executable).parent / "jupyter"
@@ -121,36 +121,40 @@ def wait_for_server(proc: subprocess.Popen, runtime: Path, token: str, log: Path
 
 
 def end_processes(proc: subprocess.Popen, started: set[int]) -> None:
-    """End the server, the kernel it started and the kernel's ranks: politely, then by force.
-    Only processes this test started: the server's tree, found by pid."""
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    family += [p for p in (psutil.Process(pid) for pid in my_process_tree() - started
-                           if psutil.pid_exists(pid)) if p not in family]
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)               # jupyter shuts its kernels down on SIGTERM
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)        # its own process group: only ours
-            proc.wait(timeout=30)
-    _, alive = psutil.wait_procs(family, timeout=20)
-    for p in alive:
-        p.kill()
-    _, alive = psutil.wait_procs(alive, timeout=20)
+    """End the server, the kernel it started and the kernel's ranks (ddplab.procs: SIGTERM,
+    on which jupyter shuts its kernels down, then SIGKILL). Only processes this test started:
+    the server's session and tree, and what appeared in this process's tree since ``started``."""
+    family = procs.Tree([proc], sessions=True)
+    family.note()
+    for pid in my_process_tree() - started:
+        family.add(pid)
+    alive = family.end(grace=30)
+    proc.wait()
     assert not alive, f"ddplab: processes the browser test started survived a kill: {alive}"
+
+
+def answer_every_exercise(path: Path) -> None:
+    """Put the reference's exercise cells into the student version at path."""
+    reference = {c.get("id"): c for c in nbformat.read(ROOT / "notebooks" / path.name, as_version=4).cells}
+    student = nbformat.read(path, as_version=4)
+    for cell in student.cells:
+        if cell.get("id", "").startswith("exercise-"):
+            assert "NotImplementedError" in cell.source, "the workspace holds the reference"
+            cell.source = reference[cell.id].source
+    nbformat.write(student, path)
 
 
 @pytest.fixture
 def jupyter_lab(tmp_path):
-    """A JupyterLab server on a copy of notebooks/ (the test never rewrites committed files).
-
-    Yields (base URL, token). Always shut down, with its kernels, even when the test fails.
+    """A JupyterLab server on a student workspace, made as `make lab` makes it (ddplab notebooks),
+    with every exercise answered as a student who solved it would: the reference solution in
+    place of the stub. Yields (base URL, token). Always shut down, with its kernels, even when
+    the test fails.
     """
-    notebooks = tmp_path / "notebooks"
-    shutil.copytree(ROOT / "notebooks", notebooks, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    notebooks = tmp_path / "workspace"
+    subprocess.run([sys.executable, "-m", "ddplab", "notebooks", str(notebooks)], check=True,
+                   capture_output=True, timeout=120)
+    answer_every_exercise(notebooks / NOTEBOOK)
     env = lab_env(tmp_path / "jupyter")
     token = secrets.token_hex(24)
     log = tmp_path / "jupyterlab.log"
@@ -390,3 +394,74 @@ def check_page(page, cells: list[dict]) -> None:
                 f"{first_line(c)}: a widget did not render, it shows {widget['text'][:200]!r}")
     body = page.inner_text("body")
     assert "Error displaying widget" not in body and "model not found" not in body
+
+
+LIVE_NOTEBOOK = "live_output.ipynb"
+LIVE_CELL = ("%%ranks\nimport time\nfor i in range(12):\n"
+             "    print(f'rank {rank} line {i}', flush=True)\n    time.sleep(0.5)")
+
+# Whether the cell is still running and what its live areas (text/plain outputs) show now.
+LIVE_JS = """name => {
+  const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === name);
+  const cell = panel.content.widgets[1];
+  return {
+    running: window.ddplabRun.replies < window.ddplabRun.sent,
+    live: Array.from(cell.node.querySelectorAll('.jp-OutputArea-output[data-mime-type="text/plain"]'))
+               .map(n => n.textContent),
+    stdout: Array.from(cell.node.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stdout"]'))
+               .map(n => n.textContent).join(''),
+    outputs: cell.model.outputs.toJSON().map(o => JSON.stringify(o).slice(0, 200)),
+  };
+}"""
+
+
+@pytest.mark.timeout(OPEN_DEADLINE + 2 * SERVER_DEADLINE + 300)
+def test_live_output_shows_while_the_cell_runs(chromium, jupyter_lab, tmp_path,
+                                               record_property, capsys):
+    """Rank 0's first line is on the page while its %%ranks cell is still running."""
+    from playwright.sync_api import sync_playwright
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+                    "import ddplab\nlab = ddplab.start(world_size=2, backend='gloo', timeout=120)"),
+                nbformat.v4.new_code_cell(LIVE_CELL)]
+    nb.metadata = {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                  "name": "python3"}}
+    nbformat.write(nb, str(tmp_path / "workspace" / LIVE_NOTEBOOK))
+    url, token = jupyter_lab
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS,
+                                             headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(OPEN_DEADLINE * 1000)
+            page.goto(f"{url}/lab/tree/{LIVE_NOTEBOOK}?token={token}")
+            page.wait_for_function(KERNEL_IDLE_JS, arg=LIVE_NOTEBOOK, timeout=OPEN_DEADLINE * 1000)
+            page.evaluate(WATCH_KERNEL_JS, LIVE_NOTEBOOK)
+            page.get_by_role("menuitem", name="Run", exact=True).click()
+            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+            seen, deadline, states = None, time.monotonic() + 240, []
+            while time.monotonic() < deadline:
+                state = page.evaluate(LIVE_JS, LIVE_NOTEBOOK)
+                states.append(state)
+                if state["running"] and state["live"] and "rank 0 line 0" in state["live"][0]:
+                    seen = state
+                    break
+                if state["stdout"]:                   # the cell ended before we saw it live
+                    break
+                page.wait_for_timeout(100)            # polling a condition, with a deadline
+            try:
+                assert seen is not None, f"rank 0's line never showed while the cell ran: {states[-15:]}"
+                assert seen["live"][0].startswith("[rank 0] (running)"), seen
+                assert not seen["stdout"], seen
+                page.wait_for_function("() => window.ddplabRun.replies >= window.ddplabRun.sent",
+                                       timeout=240_000)
+                done = page.evaluate(LIVE_JS, LIVE_NOTEBOOK)
+                assert rank_labels(done["stdout"]) == ["0", "1"], done
+                assert "rank 1 line 11" in done["stdout"]
+                assert not any(text.strip() for text in done["live"]), done   # areas emptied
+            except BaseException:
+                save_screenshots(page, tmp_path, record_property, capsys, failing=True)
+                raise
+        finally:
+            browser.close()

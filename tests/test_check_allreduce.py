@@ -10,6 +10,8 @@ import ddplab
 from ddplab import algorithms
 from ddplab.check import allreduce as check
 
+pytestmark = pytest.mark.slow
+
 
 # ---------------------------------------------------------------- wrong answers
 def ring_same_formula_in_both_phases(tensor):
@@ -150,7 +152,7 @@ def test_naive_without_broadcast_names_the_ranks_that_are_wrong(fresh_lab4):
 def test_send_recv_exercise_may_not_call_all_reduce(fresh_lab4):
     with pytest.raises(ddplab.RankError, match=r"may not call dist\.all_reduce"):
         check.ring_all_reduce(ring_that_calls_all_reduce)
-    assert not fresh_lab4._broken       # every rank refused at once: nobody is left waiting
+    assert not fresh_lab4.broken_reason       # every rank refused at once: nobody is left waiting
 
 
 def test_collectives_version_must_work_in_place(fresh_lab):
@@ -164,6 +166,33 @@ def test_recursive_doubling_checker(fresh_lab4, capsys):
     assert capsys.readouterr().out.startswith("Correct: recursive_doubling_all_reduce")
     with pytest.raises(AssertionError):
         check.recursive_doubling_all_reduce(naive_without_broadcast)
+
+
+def doubling_for_powers_of_two_only(tensor):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    inbox = torch.empty_like(tensor)
+    mask = 1
+    while mask < world_size:                      # no first and last step for the extra ranks
+        partner = rank ^ mask
+        request = dist.isend(tensor, dst=partner)
+        dist.recv(inbox, src=partner)
+        request.wait()
+        tensor += inbox
+        mask <<= 1
+    return tensor
+
+
+def test_recursive_doubling_is_also_checked_on_three_of_four_ranks(fresh_lab4, capsys):
+    check.recursive_doubling_all_reduce(algorithms.recursive_doubling_all_reduce)
+    assert capsys.readouterr().out == (
+        "Correct: recursive_doubling_all_reduce matches dist.all_reduce on every rank for 41 cases "
+        "on 4 ranks, and on 3 of them (not a power of two).\n")
+    with pytest.raises(AssertionError) as info:
+        check.recursive_doubling_all_reduce(doubling_for_powers_of_two_only)
+    message = str(info.value)
+    assert message.startswith("recursive_doubling_all_reduce on 3 ranks is wrong on rank")
+    assert "no rank 3" in message and "3 is not a power of two" in message
+    assert not fresh_lab4.broken_reason                 # nobody was left waiting for rank 3
 
 
 def test_the_students_stub_fails_naming_the_case(fresh_lab):

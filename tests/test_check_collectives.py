@@ -11,6 +11,8 @@ import pytest
 import ddplab
 from ddplab.check import collectives
 
+pytestmark = pytest.mark.slow
+
 
 def define(lab, source: str) -> None:
     """What the student's %%ranks exercise cell does: define a function on every rank."""
@@ -34,38 +36,47 @@ def test_checkers_are_public_under_their_own_names():
 
 
 # ----------------------------------------------------------------- global_mean
+SUM_AND_COUNT = ("t = torch.stack([losses.sum(), torch.tensor(float(losses.numel()))])\n"
+                 "    dist.all_reduce(t)\n    return t[0] / t[1]")
+
+
 @pytest.mark.parametrize("body", [
-    "m = x.clone()\n    dist.all_reduce(m, op=dist.ReduceOp.AVG)\n    return m",
-    "m = x.clone()\n    dist.all_reduce(m)\n    return m / world_size",
+    SUM_AND_COUNT,
+    "t = torch.tensor([losses.sum().item(), len(losses)], dtype=torch.float64)\n"
+    "    dist.all_reduce(t)\n    return (t[0] / t[1]).item()",
 ])
 def test_global_mean_accepts_right_answers(fresh_lab4, capsys, body):
-    define(fresh_lab4, f"def global_mean(x):\n    {body}\n")
+    define(fresh_lab4, f"def global_mean(losses):\n    {body}\n")
     collectives.global_mean()
     assert capsys.readouterr().out.splitlines()[-1] == \
-        "Correct: global_mean(x) gives every rank the mean over all ranks, and leaves x alone."
+        "Correct: global_mean(losses) gives every rank the mean over all samples, and leaves losses alone."
 
 
-def test_global_mean_rejects_a_sum(fresh_lab4):
-    define(fresh_lab4, "def global_mean(x):\n    m = x.clone()\n    dist.all_reduce(m)\n    return m\n")
-    message = fails(collectives.global_mean, "global_mean(x) with x = ", "is wrong on ranks 0, 1, 2, 3",
-                    "<-- wrong", "Hint:")
+def test_global_mean_rejects_the_mean_of_means(fresh_lab4):
+    define(fresh_lab4, "def global_mean(losses):\n    m = losses.mean().reshape(1)\n"
+                       "    dist.all_reduce(m, op=dist.ReduceOp.AVG)\n    return m\n")
+    message = fails(collectives.global_mean, "global_mean(losses) with losses = ",
+                    "is wrong on ranks 0, 1, 2, 3", "<-- wrong", "Hint: the mean of the ranks' means")
     assert "rank 3: expected" in message
 
 
-def test_global_mean_rejects_the_local_value(fresh_lab4):
-    define(fresh_lab4, "def global_mean(x):\n    return x.clone()\n")
+def test_global_mean_rejects_the_local_mean(fresh_lab4):
+    define(fresh_lab4, "def global_mean(losses):\n    return losses.mean()\n")
     fails(collectives.global_mean, "is wrong on ranks 0, 1, 2, 3")
 
 
 def test_global_mean_rejects_a_reduce_that_only_rank_0_gets(fresh_lab4):
-    define(fresh_lab4, "def global_mean(x):\n    m = x.clone()\n    dist.reduce(m, dst=0)\n"
-                       "    return m / world_size\n")
+    define(fresh_lab4, "def global_mean(losses):\n    t = torch.stack([losses.sum(), "
+                       "torch.tensor(float(losses.numel()))])\n    dist.reduce(t, dst=0)\n"
+                       "    return t[0] / t[1]\n")
     fails(collectives.global_mean, "is wrong on ranks 1, 2, 3.")
 
 
-def test_global_mean_rejects_changing_x(fresh_lab4):
-    define(fresh_lab4, "def global_mean(x):\n    dist.all_reduce(x, op=dist.ReduceOp.AVG)\n    return x\n")
-    fails(collectives.global_mean, "x after global_mean(x) is wrong", "x.clone()")
+def test_global_mean_rejects_changing_losses(fresh_lab4):
+    define(fresh_lab4, "def global_mean(losses):\n    s = losses[:1]\n    s[0] = losses.sum()\n"
+                       "    n = torch.tensor([float(losses.numel())])\n    dist.all_reduce(s)\n"
+                       "    dist.all_reduce(n)\n    return s[0] / n[0]\n")
+    fails(collectives.global_mean, "losses after global_mean(losses) is wrong", "reduce a new tensor")
 
 
 def test_a_missing_function_names_the_fix(fresh_lab4):

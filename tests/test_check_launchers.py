@@ -24,12 +24,14 @@ def early_barrier(store, world_size):
     store.wait(["all_arrived"])
 
 
+@pytest.mark.slow
 def test_store_barrier_accepts_a_right_barrier(fresh_lab, capsys):
     ddplab.check.store_barrier(right_barrier)
     assert capsys.readouterr().out.splitlines()[-1] == \
         "Correct: the barrier waits for all 2 ranks, and times out when one is missing."
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrong", [no_wait_barrier, early_barrier])
 def test_store_barrier_rejects_a_barrier_that_does_not_wait(fresh_lab, wrong):
     with pytest.raises(AssertionError) as info:
@@ -39,10 +41,12 @@ def test_store_barrier_rejects_a_barrier_that_does_not_wait(fresh_lab, wrong):
     assert "expected 'timed out'" in message and "got      'returned'" in message
 
 
+@pytest.mark.slow
 def test_store_barrier_shows_a_students_exception_per_rank(fresh_lab):
     def broken(store, world_size):
         store.add("arrived", "one")             # add takes an int
-    with pytest.raises(AssertionError, match=r"(?s)round 1\) is wrong on ranks 0, 1.*raised TypeError: add\(\)"):
+    with pytest.raises(AssertionError,
+                       match=r"(?s)round 1\) is wrong on ranks 0, 1.*raised TypeError: add\(\)"):
         ddplab.check.store_barrier(broken)
 
 

@@ -16,6 +16,8 @@ import torch.distributed as dist
 import ddplab
 from ddplab.check import p2p
 
+pytestmark = pytest.mark.slow
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
@@ -199,7 +201,8 @@ def all_gather_rebinds(tensor_list, tensor):
 
 def test_all_gather_p2p(fresh_lab4, capsys):
     p2p.all_gather_p2p(all_gather_right)
-    assert capsys.readouterr().out == "Correct: my_all_gather fills tensor_list exactly like dist.all_gather.\n"
+    assert capsys.readouterr().out == \
+        "Correct: my_all_gather fills tensor_list exactly like dist.all_gather.\n"
     message = _fails(p2p.all_gather_p2p, all_gather_own_only, match="is wrong on ranks 0, 1, 2, 3")
     assert "-1" in message                 # the entries never written show as -1
     _fails(p2p.all_gather_p2p, all_gather_shifted, match="tensor_list after .* is wrong")

@@ -8,6 +8,8 @@ import pytest
 
 import ddplab
 
+pytestmark = pytest.mark.slow
+
 
 def right_shard(n, rank, world_size):
     return list(range(rank, n - n % world_size, world_size))
@@ -37,9 +39,11 @@ def test_offset_sharder_rejects(fresh_lab, wrong, ranks):
 
 RIGHT_LOOP = """
 from torch.utils.data import DistributedSampler
+
 sampler = DistributedSampler(list(range(12)), shuffle=True, seed=0)
+start_epoch = 5
 orders = []
-for epoch in range(3):
+for epoch in range(start_epoch, start_epoch + 3):
     sampler.set_epoch(epoch)
     orders.append(list(sampler))
 """
@@ -49,18 +53,20 @@ def test_epoch_orders_accepts_set_epoch(fresh_lab, capsys):
     fresh_lab.run_cell(RIGHT_LOOP)
     ddplab.check.epoch_orders()
     assert capsys.readouterr().out.splitlines()[-1] == \
-        "Correct: a new shuffle every epoch, exactly as DistributedSampler gives it with set_epoch."
+        "Correct: epochs 5..7 of the resumed run see exactly the orders of an uninterrupted run."
 
 
 @pytest.mark.parametrize("edit,hint", [
     (("    sampler.set_epoch(epoch)\n", ""), "every epoch has the same order: call sampler.set_epoch"),
     (("set_epoch(epoch)", "set_epoch(0)"), "every epoch has the same order"),
+    (("set_epoch(epoch)", "set_epoch(epoch - start_epoch)"), "these are the orders of epochs 0-2"),
     (("seed=0", "seed=rank"), "use DistributedSampler"),
     (("shuffle=True", "shuffle=False"), "the indices come in order, unshuffled"),
 ])
 def test_epoch_orders_rejects(fresh_lab, edit, hint):
     fresh_lab.run_cell(RIGHT_LOOP.replace(*edit))
-    with pytest.raises(AssertionError, match=rf"(?s)orders \(the indices of each of 3 epochs\) is wrong.*Hint: {hint}"):
+    with pytest.raises(AssertionError,
+                       match=rf"(?s)orders \(the indices of epochs 5..7\) is wrong.*Hint: {hint}"):
         ddplab.check.epoch_orders()
 
 
@@ -97,3 +103,47 @@ def test_rank_share_accepts_the_samplers_counts(fixture, request, capsys):
 def test_rank_share_rejects(fresh_lab, wrong):
     with pytest.raises(AssertionError, match=r"rank_share for .* is wrong on ranks 0, 1"):
         ddplab.check.rank_share(wrong)
+
+
+LINE_SHARDS = """
+from torch.utils.data import IterableDataset, get_worker_info
+
+class LineShards(IterableDataset):
+    def __init__(self, path):
+        self.path = path
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        with open(self.path) as f:
+            for i, line in enumerate(f):
+                if i % (world_size * workers) == rank * workers + worker:
+                    yield line.rstrip("\\n")
+"""
+
+
+def test_line_shards_accepts_rank_and_worker_splitting(fresh_lab, capsys):
+    fresh_lab.run_cell(LINE_SHARDS)
+    ddplab.check.line_shards()
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "Correct: every rank and every DataLoader worker "
+        "reads its own lines, and together they read each line once.")
+
+
+@pytest.mark.parametrize("edit", [
+    ("world_size * workers) == rank * workers + worker", "world_size) == rank"),     # ignores workers
+    ("world_size * workers) == rank * workers + worker", "workers) == worker"),      # ignores ranks
+])
+def test_line_shards_rejects_splitting_by_one_level_only(fresh_lab, edit):
+    source = LINE_SHARDS.replace(*edit)
+    assert source != LINE_SHARDS
+    fresh_lab.run_cell(source)
+    with pytest.raises(AssertionError,
+                       match=r"(?s)the lines LineShards yields per worker.*is wrong.*Hint: in __iter__"):
+        ddplab.check.line_shards()
+
+
+def test_line_shards_names_a_missing_class(fresh_lab):
+    fresh_lab.run_cell("LineShards = None")
+    with pytest.raises(AssertionError, match="no class `LineShards` on ranks 0, 1"):
+        ddplab.check.line_shards()

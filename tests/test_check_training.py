@@ -12,9 +12,12 @@ import pytest
 import ddplab
 from ddplab.check import training
 
+pytestmark = pytest.mark.slow
+
 MODEL = """
 from torch.nn.parallel import DistributedDataParallel as DDP
 from ddplab.train import SmallCNN
+
 torch.manual_seed(rank)
 model = SmallCNN()
 """

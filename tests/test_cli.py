@@ -3,9 +3,12 @@
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_doctor_reports_and_self_tests():
-    result = subprocess.run([sys.executable, "-m", "ddplab.cli", "doctor"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "ddplab.course.cli", "doctor"], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
@@ -13,3 +16,30 @@ def test_doctor_reports_and_self_tests():
     assert "gloo" in out.split("backends")[1].splitlines()[0]
     assert "GPUs" in out
     assert "self-test   ok: 2 ranks, backend gloo, all_reduce correct" in out
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "ddplab.course.cli", *args], capture_output=True,
+                          text=True, timeout=120, cwd=cwd)
+
+
+@pytest.mark.slow
+def test_grade_of_a_missing_path_is_one_line_and_exit_2(tmp_path):
+    missing = tmp_path / "nobody" / "01_x.ipynb"
+    result = _cli("grade", str(missing), "--reference", str(tmp_path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(missing) in lines[0] and "does not exist" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_release_of_a_corrupt_notebook_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "01_x.ipynb"
+    bad.write_text("{not json")
+    result = _cli("release", str(bad), "-o", str(tmp_path / "out"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and "not a readable notebook" in lines[0], lines
+    assert not (tmp_path / "out").exists()

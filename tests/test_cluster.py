@@ -4,14 +4,14 @@ import os
 
 import pytest
 import torch
+from conftest import alive, my_process_tree
 
 import ddplab
-from conftest import alive, my_process_tree
 
 
 def rank_and_env():
-    import torch.distributed as dist
     import torch
+    import torch.distributed as dist
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "OMP_NUM_THREADS")
     return dist.get_rank(), dict({k: os.environ[k] for k in keys}, threads=torch.get_num_threads())
 
@@ -102,7 +102,7 @@ def test_output_is_grouped_in_rank_order(fresh_lab, capsys):
 
 
 def test_start_with_same_arguments_returns_the_running_lab(lab):
-    ddplab.cluster._current = lab
+    ddplab.lab.cluster.make_current(lab)
     again = ddplab.start(world_size=2, backend="gloo", timeout=30)
     assert again is lab and ddplab.current() is lab
 
@@ -115,6 +115,7 @@ def test_restart_keeps_ranks_and_replaces_processes(fresh_lab):
     assert set(old).isdisjoint(fresh_lab.pids)
 
 
+@pytest.mark.slow
 def test_context_manager_stops_and_start_replaces_a_different_lab(lab):
     before = my_process_tree()
     with ddplab.start(world_size=3, backend="gloo", timeout=30) as three:

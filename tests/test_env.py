@@ -2,8 +2,15 @@
 
 import pytest
 
-from ddplab.env import (MAX_LOCAL_WORLD_SIZE, check_timeout, check_world_size, choose_backend,
-                        free_port, omp_threads, worker_env)
+from ddplab.env import (
+    MAX_LOCAL_WORLD_SIZE,
+    check_timeout,
+    check_world_size,
+    choose_backend,
+    free_port,
+    omp_threads,
+    worker_env,
+)
 from ddplab.errors import ConfigError
 
 

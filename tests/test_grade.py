@@ -21,12 +21,12 @@ from xml.etree import ElementTree as ET
 
 import nbformat
 import pytest
-
 from conftest import my_process_tree
-from ddplab import report
-from ddplab.grade import grade
-from ddplab.grade_run import sanitize, sanitize_patterns
-from ddplab.release import release_notebook
+
+from ddplab.course import report
+from ddplab.course.grade import grade
+from ddplab.course.grade_run import sanitize, sanitize_patterns
+from ddplab.course.release import release_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "01_point_to_point.ipynb"
@@ -34,7 +34,9 @@ REFERENCE = ROOT / "notebooks" / NAME
 # The infinite loop costs this much. Honest cells are far quicker, but a lab
 # start on two cores shared with other labs has taken 30 s.
 CELL_TIMEOUT = 90
-EXERCISES = ["ping-pong", "swap", "ring-token", "neighbour-exchange", "all-gather-p2p"]
+# in notebook order
+EXERCISES = ["who-waited", "ping-pong", "isend-waited", "swap", "ring-token",
+             "neighbour-exchange", "all-gather-p2p"]
 
 
 def _cell(nb, cell_id):
@@ -91,7 +93,7 @@ def submissions(reference):
             lambda nb: setattr(_cell(nb, "exercise-ping-pong"), "source", "while True:\n    pass"))
     variant("crash", ["ping-pong"],                          # the kernel dies
             lambda nb: setattr(_cell(nb, "exercise-ping-pong"), "source", "import os\nos._exit(1)"))
-    variant("mixed", EXERCISES[:4], _mixed)
+    variant("mixed", ["ping-pong", "swap", "ring-token", "neighbour-exchange"], _mixed)
     variant("correct", [])
     out["stubs"] = (released, set(EXERCISES))
     out["not_json"] = ('{"cells": [{"cell_type": "code", "source": "x = 1"', set(EXERCISES))
@@ -100,7 +102,7 @@ def submissions(reference):
 
 # One grading run of seven submissions on two cores shared with other labs;
 # test_the_command... below adds one more process start.
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")
@@ -188,15 +190,15 @@ def test_the_command_prints_the_table_and_writes_csv_and_junit(graded):
     _, _, _, tmp = graded
     # the real command on the quick one (the table's rows are checked above)
     result = subprocess.run(
-        [sys.executable, "-m", "ddplab.cli", "grade", str(tmp / "submitted" / "not_json"),
+        [sys.executable, "-m", "ddplab.course.cli", "grade", str(tmp / "submitted" / "not_json"),
          "--reference", str(ROOT / "notebooks"), "--csv", str(tmp / "g.csv"),
          "--junit", str(tmp / "g.xml"), "--cell-timeout", "120"],
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 1, result.stdout + result.stderr     # not every exercise passed
-    assert re.search(r"^not_json\s+01_point_to_point\s+error(\s+-){5}$", result.stdout, re.M)
+    assert re.search(r"^not_json\s+01_point_to_point\s+error(\s+-){7}$", result.stdout, re.M)
     assert "not_json  error: not graded: not valid JSON" in result.stdout
     assert "1 submission graded in" in result.stdout
-    assert (tmp / "g.csv").read_text().startswith("student,notebook,ping-pong,swap,ring-token,")
+    assert (tmp / "g.csv").read_text().startswith("student,notebook,who-waited,ping-pong,isend-waited,swap,")
     ET.parse(tmp / "g.xml")
 
 
@@ -206,7 +208,7 @@ def test_a_reference_without_check_outputs_stops_grading_with_the_fix(tmp_path):
         if cell.cell_type == "code":
             cell.outputs = []
     nbformat.write(reference, tmp_path / NAME)
-    result = subprocess.run([sys.executable, "-m", "ddplab.cli", "grade", str(tmp_path / NAME),
+    result = subprocess.run([sys.executable, "-m", "ddplab.course.cli", "grade", str(tmp_path / NAME),
                              "--reference", str(tmp_path / NAME)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
@@ -227,6 +229,8 @@ SANITIZED = {
     "hostname=node7, host: gpu-box.local": "hostname=HOST, host: HOST",
     "0.52 s, 1.234ms, 12 ms, 800us, 0:00:01.234567, took 3 seconds, 12 s elapsed":
         "TIME, TIME, TIME, TIME, TIME, took TIME, TIME elapsed",
+    "<!-- ddplab-trace --><div>\n<svg><rect x=\"3.5\"/></svg></div><!-- /ddplab-trace -->":
+        "<!-- ddplab-trace -->",
 }
 UNTOUCHED = ["[rank 0]\nI am rank 0 of 2\ndist agrees: 0 2\n", "tensor([1., 2., 3.])",
              "MASTER_PORT is a port number: True\n", "correct: every rank holds 10.0\n",
@@ -245,6 +249,6 @@ def test_the_sanitize_file_leaves_lesson_output_alone(text):
 
 def test_nbval_reads_every_pattern_of_the_sanitize_file():
     """nbval silently drops a pair whose `replace:` lost its space; count them."""
-    text = (ROOT / "ddplab" / "nbval_sanitize.cfg").read_text()
-    assert len(sanitize_patterns()) == text.count("\nregex: ") == 12
+    text = (ROOT / "ddplab" / "course" / "nbval_sanitize.cfg").read_text()
+    assert len(sanitize_patterns()) == text.count("\nregex: ") == 13
     json.dumps(sanitize_patterns())

@@ -9,10 +9,12 @@ import time
 
 import pytest
 import torch
+from conftest import my_process_tree
 
 import ddplab
-from conftest import my_process_tree
-from ddplab.cluster import Lab, LabSpec
+from ddplab.lab.cluster import Lab, LabSpec
+
+pytestmark = pytest.mark.slow
 
 
 def group_facts(values):
@@ -32,7 +34,7 @@ def make_lab(init_method: str, world_size: int = 2) -> Lab:
     """A lab beside the session's labs (ddplab.start would replace the 2-rank one)."""
     lab = Lab(LabSpec(world_size=world_size, backend="gloo", timeout=60, grace=2.0, pg_timeout=1800,
                       debug=False, init_method=init_method), gpus=0)
-    lab._launch()
+    lab.start()
     return lab
 
 
@@ -66,9 +68,11 @@ def test_file_uses_a_fresh_file_in_the_labs_directory_each_time():
         facts = assert_group_works(lab)
         # No TCP rendezvous at all, so no MASTER_ADDR / MASTER_PORT to mislead anyone.
         assert all(f["env"]["MASTER_ADDR"] is None and f["env"]["MASTER_PORT"] is None for f in facts)
-        first_dir = lab._dir
+        first = set(os.listdir(lab._dir))
+        assert [name for name in first if name.startswith("init-file")] == ["init-file-1"]
         lab.restart()                    # a reused file would deadlock here
-        assert lab._dir != first_dir and not os.path.exists(first_dir)
+        files = [name for name in os.listdir(lab._dir) if name.startswith("init-file")]
+        assert files == ["init-file-2"], files      # a new file; the old one is gone
         assert_group_works(lab)
     finally:
         lab.stop()
@@ -81,7 +85,9 @@ def test_start_passes_init_method_to_the_ranks():
 
 
 def test_default_is_the_prebound_store():
-    assert ddplab.cluster.LabSpec(2, "gloo", 60, 2.0, 1800, False).init_method == "store"
+    spec = ddplab.lab.cluster.LabSpec(world_size=2, backend="gloo", timeout=60, grace=2.0,
+                                      pg_timeout=1800, debug=False)
+    assert spec.init_method == "store"
 
 
 @pytest.mark.parametrize("value,words", [
@@ -89,7 +95,7 @@ def test_default_is_the_prebound_store():
     ("tcp://127.0.0.1:29500", r"is a URL, but ddplab builds the URL itself.*Use init_method='tcp'"),
     ("file:///tmp/x", r"Use init_method='file'"),
     ("mpi", r"init_method='mpi' is not one ddplab knows. Use one of 'store', 'env', 'tcp', 'file'"),
-    (None, r"init_method=None is not one ddplab knows"),
+    ("", r"init_method='' is not one ddplab knows.*or None for bare ranks"),
     (3, r"init_method=3 is not one ddplab knows"),
 ])
 def test_bad_init_method_fails_fast_and_starts_nothing(value, words):

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import tempfile
 import textwrap
 
 import pytest
+from conftest import alive, my_process_tree
 
 import ddplab
-from conftest import alive, my_process_tree
 from ddplab import launch
+
+pytestmark = pytest.mark.slow
 
 # Several labs share two cores while the tests run: generous, never tight.
 TIMEOUT = 240
@@ -59,6 +60,7 @@ import os
 import time
 import torch.distributed as dist
 from ddplab.launch import report_env
+
 
 dist.init_process_group("gloo")
 report_env(pid=os.getpid())

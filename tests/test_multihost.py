@@ -18,6 +18,7 @@ import os
 import random
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,8 +28,9 @@ import psutil
 import pytest
 
 import ddplab
-from ddplab import multihost
+from ddplab import procs
 from ddplab.hosts import Engine, place, rank_env, rank_table
+from ddplab.lab import multihost
 
 PER_HOST = 2
 HOSTS = 2
@@ -37,7 +39,7 @@ HOSTS = 2
 # ----------------------------------------------------------- pure placement
 def test_rank_table_is_torchruns_numbering():
     table = [(p.node_rank, p.local_rank, p.rank) for p in rank_table(2, 4)]
-    assert table == [(n, l, n * 4 + l) for n in range(2) for l in range(4)]
+    assert table == [(n, local, n * 4 + local) for n in range(2) for local in range(4)]
 
 
 def test_place_orders_by_host_then_engine_and_env_is_per_host():
@@ -52,6 +54,13 @@ def test_place_orders_by_host_then_engine_and_env_is_per_host():
     env = rank_env(placed[3], "10.0.0.9", 1234, "eth1")
     assert (env["RANK"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"],
             env["MASTER_ADDR"], env["GLOO_SOCKET_IFNAME"]) == ("3", "1", "2", "2", "10.0.0.9", "eth1")
+
+
+def test_hostlab_overrides_only_the_hooks_lab_names():
+    from ddplab.lab.cluster import Lab
+    overridden = {name for name in vars(multihost.HostLab) if name in vars(Lab)
+                  and not name.startswith("__")}
+    assert overridden <= set(Lab.HOOKS), overridden - set(Lab.HOOKS)
 
 
 def test_hosts_must_split_world_size():
@@ -156,41 +165,38 @@ def hosts_lab():
             network.up()
         except subprocess.CalledProcessError as e:
             pytest.skip(f"cannot create network namespaces here: {e.stderr.strip()}")
-        guard = [sys.executable, "-m", "ddplab.guard"]
+        guard = [sys.executable, "-m", "ddplab.rank.guard"]
         common = [f"--profile-dir={work}", "--cluster-id=netns"]
         processes.append(_spawn(guard + ["ipyparallel.controller", f"--ip={network.root_ip}",
                                          f"--HeartMonitor.period={multihost.HEARTBEAT_MS}",
                                          *multihost.security_args(), *common],
                                 f"{work}/controller.log"))
         engines: dict[str, list[subprocess.Popen]] = {}
-        for name in network.names:
+        spawned = 0
+
+        def spawn_engines(name: str) -> None:
+            """Start (or start again) a host's engines."""
+            nonlocal spawned
             engines[name] = [_spawn(guard + ["ipyparallel.engine", "--IPEngine.enable_nanny=False",
                                              "--IPEngine.wait_for_url_file=120", *common],
-                                    f"{work}/{name}-{i}.log", netns=name)
+                                    f"{work}/{name}-{spawned + i}.log", netns=name)
                              for i in range(PER_HOST)]
-            processes += engines[name]
+            spawned += PER_HOST
+            processes.extend(engines[name])
+
+        for name in network.names:
+            spawn_engines(name)
         lab = ddplab.attach(f"{work}/security/ipcontroller-netns-client.json",
                             world_size=HOSTS * PER_HOST, backend="gloo", timeout=60)
-        yield lab, network, engines, {"dir": work, "controller": processes[0].pid}
+        yield lab, network, engines, {"dir": work, "controller": processes[0].pid,
+                                      "spawn_engines": spawn_engines}
     finally:
         if lab is not None:
             lab.stop()
-        # The controller forks its schedulers; killing it by pid would orphan
-        # them (its guard dies with it), so end the whole tree of each process.
-        family = []
-        for p in processes:
-            try:
-                family += [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
-            except psutil.Error:
-                pass
-        for member in family:
-            try:
-                member.kill()
-            except psutil.Error:
-                pass
+        # The controller forks its schedulers, so each process's whole tree is ended.
+        procs.end_tree(*processes, grace=0)
         for p in processes:
             p.wait(10)
-        psutil.wait_procs(family, timeout=10)
         problems = network.down()
         shutil.rmtree(work, ignore_errors=True)
         assert not problems, f"could not remove {problems}"
@@ -221,6 +227,41 @@ def _all_reduce_rank_tensors():
     t = torch.arange(4.0) + 10 * dist.get_rank()
     dist.all_reduce(t)
     return t
+
+
+def test_an_attached_lab_restarts_on_the_same_engines(hosts_lab):
+    # A second group on the same engines: rank 0's new store must not lose its socket
+    # when the first store's is closed (engine.open_store hands the descriptor over).
+    lab = hosts_lab[0]
+    lab.restart()
+    assert [who["RANK"] for who in lab.run(_whoami)] == ["0", "1", "2", "3"]
+
+
+def test_lost_host_is_named_within_the_timeout(hosts_lab):
+    """It kills host 1's engines, and the lab reports that host and its ranks; then it
+    starts that host's engines again and restarts the lab, for the tests after it."""
+    lab, network, engines, setup = hosts_lab
+    timeout = 30
+    try:
+        for p in engines[network.names[1]]:
+            procs.send(p, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(ddplab.EngineDiedError) as info:
+            lab.run(_all_reduce_rank_tensors, timeout=timeout)
+        took = time.monotonic() - start
+        message = str(info.value)
+        assert network.host_ips[1] in message and "node 1" in message and "2, 3" in message, message
+        assert info.value.ranks == [2, 3]
+        assert took < timeout, f"reported after {took:.1f} s"
+        # And it stays reported, without waiting, on the next call.
+        with pytest.raises(ddplab.DdplabError, match=f"lost host {network.host_ips[1]}.*lab.restart"):
+            lab.run(_whoami)
+        print(f"\nlost host reported after {took:.1f} s")
+    finally:
+        setup["spawn_engines"](network.names[1])
+        lab.restart()
+    assert [p.host for p in lab.placements] == [ip for ip in network.host_ips for _ in range(PER_HOST)]
+    assert [who["RANK"] for who in lab.run(_whoami)] == ["0", "1", "2", "3"]
 
 
 def test_all_reduce_across_hosts_matches_torch(hosts_lab):
@@ -269,7 +310,6 @@ def test_short_ddp_training_matches_one_process(hosts_lab):
 
 
 def _my_sockets():
-    import psutil
     return [(c.status, c.laddr.ip.removeprefix("::ffff:"),
              c.raddr.ip.removeprefix("::ffff:") if c.raddr else None)
             for c in psutil.Process().net_connections(kind="inet")]
@@ -281,7 +321,6 @@ def test_traffic_stays_on_the_namespaces_addresses(hosts_lab):
     127.0.0.1 inside a namespace is that namespace's own loopback (a process's
     internal socket pair), which cannot reach anything outside it.
     """
-    import psutil
     lab, network, _, _ = hosts_lab
     lab.run(_all_reduce_rank_tensors)                 # gloo's pairs are open now
     ours = {network.root_ip, *network.host_ips}
@@ -332,32 +371,13 @@ def test_all_reduce_figures(hosts_lab, capsys):
     assert seconds > 0
 
 
-def test_lost_host_is_named_within_the_timeout(hosts_lab):
-    """Runs last: it kills host 1's engines, and the lab reports that host and its ranks."""
-    lab, network, engines, _ = hosts_lab
-    for p in engines[network.names[1]]:
-        p.kill()
-    start = time.monotonic()
-    with pytest.raises(ddplab.EngineDiedError) as info:
-        lab.run(_all_reduce_rank_tensors, timeout=30)
-    took = time.monotonic() - start
-    message = str(info.value)
-    assert network.host_ips[1] in message and "node 1" in message and "2, 3" in message, message
-    assert info.value.ranks == [2, 3]
-    assert took < 30, f"reported after {took:.1f} s"
-    # And it stays reported, without waiting, on the next call.
-    with pytest.raises(ddplab.DdplabError, match=f"lost host {network.host_ips[1]}.*lab.restart"):
-        lab.run(_whoami)
-    print(f"\nlost host reported after {took:.1f} s")
-
-
 # ----------------------------------------------------------- launcher configuration
 @pytest.mark.parametrize("engines, section", [("ssh", "SSHEngineSetLauncher"),
                                               ("mpi", "MPIEngineSetLauncher"),
                                               ("slurm", "SlurmEngineSetLauncher")])
 def test_launchers_are_ipyparallels_own(engines, section, tmp_path):
-    from ddplab.cluster import LabSpec
-    spec = LabSpec(4, "gloo", 60, 2, 1800, False)
+    from ddplab.lab.cluster import LabSpec
+    spec = LabSpec(world_size=4, backend="gloo", timeout=60, grace=2, pg_timeout=1800, debug=False)
     counts = {"node1": 2, "user@node2:2222": 2} if engines == "ssh" else None
     cluster = multihost._configure(str(tmp_path), spec, engines=engines, counts=counts,
                                    listen="10.1.2.3", location="10.1.2.3", ssh_cmd=None,
@@ -367,7 +387,7 @@ def test_launchers_are_ipyparallels_own(engines, section, tmp_path):
     assert cluster.engine_launcher_class.__name__ == section
     assert cluster.controller_ip == "10.1.2.3"
     assert "--IPController.enable_curve=True" in cluster.controller_args
-    assert cluster.config[section].engine_cmd[-2:] == ["ddplab.guard", "ipyparallel.engine"]
+    assert cluster.config[section].engine_cmd[-2:] == ["ddplab.rank.guard", "ipyparallel.engine"]
     assert cluster.config[section].mpi_args == ["-x"]
     if engines == "ssh":
         assert cluster.config.SSHEngineSetLauncher.engines == counts

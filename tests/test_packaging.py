@@ -44,3 +44,41 @@ def test_ci_runs_make_test_and_nothing_else():
     lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
              if line.strip() and not line.startswith(("#", "set ", "cd "))]
     assert lines == ["make test"]
+
+
+def test_every_import_of_the_package_is_declared():
+    """Each third-party module ddplab imports (anywhere, even inside a function) comes from
+    a distribution pyproject.toml lists as a dependency: a pip user gets it."""
+    import ast
+    import importlib.metadata
+    import sys
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {_name(r) for r in project["dependencies"]}
+    providers = importlib.metadata.packages_distributions()
+    undeclared = {}
+    for path in (ROOT / "ddplab").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                tops = [alias.name.split(".")[0] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                tops = [node.module.split(".")[0]]
+            else:
+                continue
+            for top in tops:
+                if top in sys.stdlib_module_names or top in ("ddplab", "__main__"):
+                    continue
+                dists = {_name(d) for d in providers.get(top, [top])}
+                # a module some declared package brings along (torch brings sympy, ...) still
+                # counts as undeclared: ddplab must name what it imports
+                if not dists & declared:
+                    undeclared.setdefault(top, []).append(str(path.relative_to(ROOT)))
+    assert not undeclared, f"imported but not in pyproject.toml's dependencies: {undeclared}"
+
+
+def test_the_python_versions_claimed_are_those_tested():
+    # tomllib (these tests) and the CI image need 3.11; 3.10 is not tested, so not claimed
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == ">=3.11"
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert "python>=3.11" in env["dependencies"]

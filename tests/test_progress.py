@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from ddplab import progress
@@ -32,9 +35,9 @@ def test_report_outside_a_rank_does_nothing():
     assert progress.report(10, 10) is False
 
 
-def test_describe_and_headline_are_plain_stable_text():
-    assert progress.describe(record(12, 46, epoch=2.0, loss=0.53124)) == "12/46  epoch=2 loss=0.5312"
-    assert progress.describe(record(0, 5)) == "0/5"
+def test_record_text_and_headline_are_plain_stable_text():
+    assert progress.record_text(record(12, 46, epoch=2.0, loss=0.53124)) == "12/46  epoch=2 loss=0.5312"
+    assert progress.record_text(record(0, 5)) == "0/5"
     assert progress.headline([0, 1]) == "Live progress, one bar per rank (rank 0, rank 1)"
 
 
@@ -117,3 +120,49 @@ def test_the_lab_feeds_the_board_while_it_waits(fresh_lab, monkeypatch):
     monkeypatch.setattr(progress, "Board", Recorder)
     assert all(sent >= 1 for sent in fresh_lab.run(_train_steps, 5))
     assert seen and all(ranks == [0, 1] for ranks in seen)
+
+
+@pytest.fixture(scope="module")
+def attached_lab(tmp_path_factory):
+    """A lab attached to engines it did not start, as on several hosts: like engines that
+    ipcluster, ssh or Slurm started, they have no DDPLAB_PARENT_PID."""
+    import subprocess
+    import sys
+
+    import ipyparallel as ipp
+
+    from ddplab import procs
+    from ddplab.lab.cluster import LabSpec
+    from ddplab.lab.multihost import HostLab
+
+    work = tmp_path_factory.mktemp("attached")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPLAB_")}
+    common = [f"--profile-dir={work}", "--cluster-id=attached"]
+    started = [procs.start([sys.executable, "-m", "ipyparallel.controller", "--ip=127.0.0.1",
+                            *common], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env=env)]
+    started += [procs.start([sys.executable, "-m", "ipyparallel.engine",
+                             "--IPEngine.wait_for_url_file=120", *common],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                for _ in range(2)]
+    url_file = f"{work}/security/ipcontroller-attached-client.json"
+    spec = LabSpec(world_size=2, backend="gloo", timeout=120, grace=2.0, pg_timeout=120,
+                   debug=False)
+    lab = HostLab(spec, connect=lambda: ipp.Client(url_file, timeout=120))
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(url_file):
+            assert time.monotonic() < deadline, "the controller wrote no connection file in 120 s"
+            time.sleep(0.1)
+        yield lab.start()
+    finally:
+        lab.stop()
+        assert procs.end_tree(*started, grace=5) == []
+        for p in started:
+            p.wait()
+
+
+@pytest.mark.slow
+def test_ranks_of_an_attached_lab_publish_progress(attached_lab):
+    # Multi-host engines never get DDPLAB_PARENT_PID; progress must still see it is on a rank.
+    assert all(sent >= 1 for sent in attached_lab.run(_train_steps, 5))

@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ddplab.release import ReleaseError, release, release_notebook, strip_solutions
+from ddplab.course.release import ReleaseError, release, release_notebook, strip_solutions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,30 +42,31 @@ def test_the_course_notebook_releases_with_stubs_and_reference_check_outputs():
     course = nbformat.read(ROOT / "notebooks" / "00_setup.ipynb", as_version=4)
     student = release_notebook(course, "00_setup.ipynb")
     by_id = {c.id: c for c in student.cells}
-    exercise, check = by_id["exercise-total"], by_id["check-total"]
+    exercise, check = by_id["exercise-mean-score"], by_id["check-mean-score"]
     assert "NotImplementedError" in exercise.source and "all_reduce" not in exercise.source
     assert exercise.outputs == [] and exercise.execution_count is None
     assert exercise.metadata["tags"] == ["exercise"] and check.metadata["tags"] == ["check"]
     original = {c.id: c for c in course.cells}
-    assert check.outputs == original["check-total"].outputs != []
-    assert check.source == original["check-total"].source
+    assert check.outputs == original["check-mean-score"].outputs != []
+    assert check.source == original["check-mean-score"].source
     # every other cell is unchanged, outputs included; and the course notebook itself is untouched
     for cell in student.cells:
-        if cell.id != "exercise-total":
+        if cell.id != "exercise-mean-score":
             assert cell == original[cell.id]
-    assert "all_reduce" in original["exercise-total"].source
+    assert "all_reduce" in original["exercise-mean-score"].source
 
 
 def test_an_exercise_cell_without_markers_is_refused():
     nb = nbformat.v4.new_notebook()
-    nb.cells.append(nbformat.v4.new_code_cell("total = 10", id="exercise-total",
+    nb.cells.append(nbformat.v4.new_code_cell("total = 10", id="exercise-mean-score",
                                               metadata={"tags": ["exercise"]}))
     with pytest.raises(ReleaseError, match="tagged 'exercise' but has no"):
         release_notebook(nb, "x.ipynb")
 
 
+@pytest.mark.slow
 def test_the_command_writes_one_student_notebook_per_course_notebook(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "ddplab.cli", "release",
+    result = subprocess.run([sys.executable, "-m", "ddplab.course.cli", "release",
                              str(ROOT / "notebooks"), "-o", str(tmp_path / "release")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -75,6 +76,7 @@ def test_the_command_writes_one_student_notebook_per_course_notebook(tmp_path):
     nbformat.validate(nbformat.read(tmp_path / "release" / "00_setup.ipynb", as_version=4))
 
 
+@pytest.mark.slow
 def test_a_bad_notebook_stops_the_release_before_anything_is_written(tmp_path):
     good = nbformat.read(ROOT / "notebooks" / "00_setup.ipynb", as_version=4)
     bad = nbformat.v4.new_notebook()
@@ -85,7 +87,7 @@ def test_a_bad_notebook_stops_the_release_before_anything_is_written(tmp_path):
     with pytest.raises(ReleaseError, match="01_bad.ipynb, cell exercise-x"):
         release([tmp_path / "course"], tmp_path / "release")
     assert not (tmp_path / "release").exists()
-    result = subprocess.run([sys.executable, "-m", "ddplab.cli", "release", str(tmp_path / "course"),
+    result = subprocess.run([sys.executable, "-m", "ddplab.course.cli", "release", str(tmp_path / "course"),
                              "-o", str(tmp_path / "release")], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2 and "would be released" in result.stderr

@@ -15,9 +15,12 @@ import time
 
 import psutil
 import pytest
+from conftest import alive
 
 import ddplab
-from conftest import alive
+from ddplab import procs
+
+pytestmark = pytest.mark.slow
 
 
 def _when_file_exists(path, action, limit=30.0):
@@ -32,18 +35,28 @@ def _when_file_exists(path, action, limit=30.0):
     return thread
 
 
-def _hang(lab, source, timeout=3):
+HANG_TIMEOUT = 3
+# How long the lab may spend reading the stuck ranks' stacks (Lab._hang_error).
+STACKS_S = 4
+
+
+def _hang(lab, source, timeout=HANG_TIMEOUT):
     begin = time.monotonic()
     with pytest.raises(ddplab.HangError) as info:
         lab.run_cell(source, timeout=timeout)
     return info.value, time.monotonic() - begin
 
 
+def _soon_after_the_timeout(took: float, timeout: float = HANG_TIMEOUT) -> bool:
+    """The HangError came at the timeout, after at most the stacks' reading and a second."""
+    return timeout <= took < timeout + STACKS_S + 1
+
+
 # 1. Hang diagnosis ------------------------------------------------------------
 
 def test_collective_called_by_one_rank_only(fresh_lab):
     error, took = _hang(fresh_lab, "x = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(x)")
-    assert took < 3 + 5
+    assert _soon_after_the_timeout(took), f"HangError after {took:.1f} s"
     assert error.states == {0: "still running", 1: "finished"}
     assert "rank 0: still in all_reduce (cell line 3)" in str(error)
     assert "rank 1: finished" in str(error)
@@ -57,7 +70,7 @@ def test_collective_called_by_one_rank_only(fresh_lab):
 
 def test_send_without_recv(fresh_lab):
     error, took = _hang(fresh_lab, "if rank == 0:\n    dist.send(torch.ones(4), dst=1)")
-    assert took < 3 + 5
+    assert _soon_after_the_timeout(took), f"HangError after {took:.1f} s"
     assert "rank 0: still in send (cell line 2)" in str(error)
     with pytest.raises(ddplab.DdplabError, match=r"Recover with: lab.restart\(\)"):
         fresh_lab.run(print)                      # the stuck lab says so, it does not hang
@@ -66,16 +79,18 @@ def test_send_without_recv(fresh_lab):
 def test_both_ranks_send_first(fresh_lab):
     error, took = _hang(fresh_lab, "out = torch.ones(2)\ndist.send(out, dst=1 - rank)\n"
                                    "dist.recv(out, src=1 - rank)")
-    assert took < 3 + 5
+    assert _soon_after_the_timeout(took), f"HangError after {took:.1f} s"
     assert error.where == {0: "in send (cell line 2)", 1: "in send (cell line 2)"}
 
 
 def test_process_group_timeout_is_finite():
-    with ddplab.start(world_size=2, backend="gloo", timeout=30, pg_timeout=2) as lab:
+    timeout, pg_timeout = 30, 2
+    with ddplab.start(world_size=2, backend="gloo", timeout=timeout, pg_timeout=pg_timeout) as lab:
         begin = time.monotonic()
         with pytest.raises(ddplab.RankError) as info:
             lab.run_cell("if rank == 0:\n    dist.recv(torch.ones(1), src=1)")
-        assert time.monotonic() - begin < 15
+        # The group's own timeout ended the recv, long before the lab's.
+        assert time.monotonic() - begin < (pg_timeout + timeout) / 2
         assert list(info.value.failures) == [0]
         assert "recv" in info.value.failures[0]
 
@@ -109,7 +124,7 @@ def test_exception_while_others_wait_in_collective_is_reported_early(fresh_lab):
     with pytest.raises(ddplab.RankError) as info:
         fresh_lab.run_cell("if rank == 1:\n    raise RuntimeError('boom on one')\n"
                            "dist.all_reduce(torch.ones(1))")
-    assert time.monotonic() - begin < 10           # the lab timeout is 30 s
+    assert time.monotonic() - begin < fresh_lab.spec.timeout / 3    # not at the lab's timeout
     assert list(info.value.failures) == [1]
     message = str(info.value)
     assert "RuntimeError: boom on one" in message
@@ -121,11 +136,12 @@ def test_exception_while_others_wait_in_collective_is_reported_early(fresh_lab):
 
 def test_killed_engine_is_named_on_next_call_and_restart_recovers(fresh_lab):
     victim = fresh_lab.pids[1]
-    os.kill(victim, signal.SIGKILL)
+    procs.send(victim, signal.SIGKILL)
     if alive(victim):                                 # SIGKILL lands asynchronously
         psutil.Process(victim).wait(5)
     begin = time.monotonic()
-    with pytest.raises(ddplab.EngineDiedError, match=r"rank 1 died.*lab.restart\(\)") as info:
+    with pytest.raises(ddplab.EngineDiedError,
+                       match=r"engine of rank 1 was killed \(SIGKILL\).*lab.restart\(\)") as info:
         fresh_lab.run(print)
     assert time.monotonic() - begin < 2
     assert info.value.ranks == [1]
@@ -136,9 +152,9 @@ def test_killed_engine_is_named_on_next_call_and_restart_recovers(fresh_lab):
 def test_engine_killed_during_a_call_is_detected_at_once(fresh_lab, tmp_path):
     marker = tmp_path / "started"
     victim = fresh_lab.pids[0]
-    _when_file_exists(marker, lambda: os.kill(victim, signal.SIGKILL))
+    _when_file_exists(marker, lambda: procs.send(victim, signal.SIGKILL))
     begin = time.monotonic()
-    with pytest.raises(ddplab.EngineDiedError, match="rank 0 died"):
+    with pytest.raises(ddplab.EngineDiedError, match=r"engine of rank 0 was killed \(SIGKILL\)"):
         fresh_lab.run_cell(f"open({str(marker)!r}, 'w').close()\nimport time\ntime.sleep(60)")
     assert time.monotonic() - begin < 5
 
@@ -179,7 +195,7 @@ def test_kernel_killed_with_sigkill_leaves_no_process_or_file():
             line = kernel.stdout.readline()
             assert line, "the stand-in kernel exited before starting its lab"
     finally:
-        kernel.kill()
+        procs.send(kernel, signal.SIGKILL)            # the kernel only: its lab must notice
         kernel.wait()
     started = _started(line)
     assert len(started["pids"]) >= 3                  # controller (+ schedulers) and 2 engines
@@ -216,18 +232,18 @@ print("ok")
 
 def test_two_labs_started_at_the_same_moment_never_clash(tmp_path):
     tries = 10
-    procs = [subprocess.Popen([sys.executable, "-c", TWO_LABS, str(tmp_path), name, str(tries)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name in ("a", "b")]
+    stand_ins = [subprocess.Popen([sys.executable, "-c", TWO_LABS, str(tmp_path), name,
+                                   str(tries)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+                 for name in ("a", "b")]
     try:
-        for proc in procs:
+        for proc in stand_ins:
             out, err = proc.communicate(timeout=tries * 30)
             assert proc.returncode == 0 and out.strip().endswith("ok"), err[-3000:]
     finally:
-        for proc in procs:                            # never leave a stand-in running
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        for proc in stand_ins:                        # never leave a stand-in running
+            procs.end_tree(proc, grace=5)
+            proc.wait()
 
 
 # 7. Security -----------------------------------------------------------------
@@ -265,7 +281,7 @@ def test_debug_explains_a_mismatched_collective_per_rank():
         with pytest.raises(ddplab.RankError) as info:
             lab.run_cell("dist.all_reduce(torch.ones(rank + 1))")
     assert sorted(info.value.failures) == [0, 1]
-    for rank, trace in info.value.failures.items():
+    for trace in info.value.failures.values():
         assert "Detected mismatch between collectives" in trace
         assert "Tensor shapes" in trace
 

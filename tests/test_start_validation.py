@@ -6,9 +6,9 @@ import tempfile
 import time
 
 import pytest
+from conftest import my_process_tree
 
 import ddplab
-from conftest import my_process_tree
 
 
 @pytest.mark.parametrize("kwargs,words", [

@@ -68,7 +68,7 @@ def test_config_round_trips_through_the_command_line():
 @pytest.fixture(scope="module")
 def lab_result(lab):
     """The default training run through the 2-rank lab, from the notebook's point of view."""
-    if not lab.running or lab._broken:
+    if not lab.healthy:
         lab.restart()
     return lab.run(train.train, verbose=False, timeout=300)
 
@@ -78,6 +78,7 @@ def same_weights(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+@pytest.mark.slow
 def test_the_lab_trains_to_90_percent(lab_result):
     rank0, rank1 = lab_result
     assert (rank0["rank"], rank1["rank"], rank0["world_size"]) == (0, 1, 2)
@@ -89,6 +90,7 @@ def test_the_lab_trains_to_90_percent(lab_result):
     assert rank0["samples_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_spawn_and_torchrun_end_with_the_labs_weights(lab_result, tmp_path):
     out = tmp_path / "spawn.pt"
     train.run_commands([[sys.executable, "-m", "ddplab.train", "--nodes", "1", "--node-rank", "0",
@@ -102,6 +104,7 @@ def test_spawn_and_torchrun_end_with_the_labs_weights(lab_result, tmp_path):
         assert same_weights(result["weights"], lab["weights"]) <= 1e-6, name
 
 
+@pytest.mark.slow
 def test_two_nodes_of_one_process_each_match_one_node_of_two(lab_result, tmp_path):
     # The seed tutorial's arguments: nodes, node rank, processes per node.
     port = str(free_port())
@@ -114,6 +117,7 @@ def test_two_nodes_of_one_process_each_match_one_node_of_two(lab_result, tmp_pat
     assert same_weights(result["weights"], lab_result[0]["weights"]) <= 1e-6
 
 
+@pytest.mark.slow
 def test_rank_0_saves_a_checkpoint_every_rank_can_load(fresh_lab, tmp_path):
     path = str(tmp_path / "digits.pt")
     results = fresh_lab.run(train.train, epochs=1, checkpoint=path, verbose=False, timeout=300)
@@ -130,6 +134,7 @@ def test_rank_0_saves_a_checkpoint_every_rank_can_load(fresh_lab, tmp_path):
     assert os.listdir(tmp_path) == ["digits.pt"], "written whole, then renamed: no partial file left"
 
 
+@pytest.mark.slow
 def test_spawn_from_python_returns_rank_0s_result(fresh_lab):
     spawned = train.spawn(train.Config(epochs=1, verbose=False), procs_per_node=2)
     labbed = fresh_lab.run(train.train, epochs=1, verbose=False, timeout=300)[0]
@@ -143,6 +148,7 @@ def test_nodes_above_one_need_a_port():
 
 
 # ---------------------------------------------------------------- subprocesses
+@pytest.mark.slow
 def test_run_commands_ends_every_process_when_time_runs_out():
     child = ("import subprocess, sys, time\n"
              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
@@ -155,6 +161,7 @@ def test_run_commands_ends_every_process_when_time_runs_out():
         psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.slow
 def test_run_commands_reports_a_failure_with_its_output():
     with pytest.raises(RuntimeError, match="a command failed") as info:
         train.run_commands([[sys.executable, "-c", "print('boom'); raise SystemExit(3)"]],
@@ -162,6 +169,7 @@ def test_run_commands_reports_a_failure_with_its_output():
     assert "boom" in str(info.value) and "exit 3" in str(info.value)
 
 
+@pytest.mark.slow
 def test_the_module_runs_as_a_program_and_explains_itself():
     out = subprocess.run([sys.executable, "-m", "ddplab.train", "--help"], capture_output=True,
                          text=True, timeout=120)
@@ -171,6 +179,7 @@ def test_the_module_runs_as_a_program_and_explains_itself():
 
 
 # ------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
 @needs_cuda
 def test_gpu_placement_follows_the_gpu_count():
     import ddplab
@@ -184,6 +193,7 @@ def test_gpu_placement_follows_the_gpu_count():
     assert same_weights(results[0]["weights"], results[1]["weights"]) == 0
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_gpu_torchrun_trains_to_90_percent():
     result = train.torchrun(train.Config(verbose=False), nproc_per_node=2, timeout=300)

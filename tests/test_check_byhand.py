@@ -1,0 +1,83 @@
+"""Notebook 05's DDP-by-hand checkers, against right and wrong answers on a real 2-rank gloo lab."""
+
+from __future__ import annotations
+
+import pytest
+
+import ddplab
+
+pytestmark = pytest.mark.slow
+
+PER_PARAMETER = """
+def average_gradients(model):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= world_size
+"""
+
+FLAT = """
+def average_gradients_flat(model):
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+"""
+
+
+def test_average_gradients_accepts_one_all_reduce_per_parameter(fresh_lab, capsys):
+    fresh_lab.run_cell(PER_PARAMETER)
+    ddplab.check.average_gradients()
+    assert capsys.readouterr().out == \
+        "Correct: 5 steps with average_gradients(model) end on DDP's weights, on every rank.\n"
+
+
+@pytest.mark.parametrize("body, words", [
+    ("    for p in model.parameters():\n        dist.all_reduce(p.grad)\n", "divide it by world_size"),
+    ("    pass\n", "Largest difference from DDP"),
+    ("    for p in list(model.parameters())[:2]:\n        dist.all_reduce(p.grad)\n"
+     "        p.grad /= world_size\n", "all_reduce each p.grad"),
+])
+def test_average_gradients_rejects_a_sum_nothing_or_some_parameters(fresh_lab, body, words):
+    fresh_lab.run_cell("def average_gradients(model):\n" + body)
+    with pytest.raises(AssertionError) as info:
+        ddplab.check.average_gradients()
+    message = str(info.value)
+    assert message.startswith("weights after 5 SGD steps with average_gradients(model), equal to "
+                              "DDP's (to 1e-9) is wrong on ranks 0, 1.")
+    assert words in message
+
+
+def test_average_gradients_flat_accepts_one_flat_all_reduce(fresh_lab, capsys):
+    fresh_lab.run_cell(FLAT)
+    ddplab.check.average_gradients_flat()
+    assert capsys.readouterr().out == \
+        "Correct: one flat all_reduce per step gives DDP's weights after 5 steps, on every rank.\n"
+
+
+def test_average_gradients_flat_rejects_one_all_reduce_per_parameter(fresh_lab):
+    fresh_lab.run_cell(PER_PARAMETER.replace("average_gradients(", "average_gradients_flat("))
+    with pytest.raises(AssertionError) as info:
+        ddplab.check.average_gradients_flat()
+    message = str(info.value)
+    assert message.startswith("all_reduce calls per step, fewer than the model's 8 parameters is wrong")
+    assert "Counted per step: 8" in message
+
+
+def test_average_gradients_flat_rejects_forgetting_to_copy_back(fresh_lab):
+    fresh_lab.run_cell(FLAT.replace("        g.copy_(flat[offset:offset + g.numel()].view_as(g))\n", ""))
+    with pytest.raises(AssertionError, match="equal to DDP's"):
+        ddplab.check.average_gradients_flat()
+
+
+def test_a_missing_function_and_a_hang_are_named(fresh_lab):
+    fresh_lab.run_cell("average_gradients = None")
+    with pytest.raises(AssertionError, match="no function `average_gradients` on ranks 0, 1"):
+        ddplab.check.average_gradients()
+    fresh_lab.run_cell("def average_gradients(model):\n    if rank == 0:\n"
+                       "        dist.all_reduce(next(model.parameters()).grad)\n")
+    with pytest.raises(AssertionError, match="did not finish within 10 s.*deadlock"):
+        ddplab.check.average_gradients(timeout=10)

@@ -1,0 +1,114 @@
+"""Checkers whose answer is read off a timeline: right answers pass, wrong ones fail.
+
+Each runs the real thing on a real gloo lab under ``lab.trace()`` and calls the
+checker the way a check cell does. The right answer is whatever the run did:
+change the run (another rank made slow), and the same answer fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import ddplab
+from ddplab import trace as tracing
+from ddplab.check import timeline
+
+pytestmark = pytest.mark.slow
+
+
+def fails(checker, answer, *needles: str, **kwargs) -> str:
+    with pytest.raises(AssertionError) as info:
+        checker(answer, **kwargs)
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+def test_checkers_are_public_under_their_own_names():
+    for name in timeline.__all__:
+        assert getattr(ddplab.check, name) is getattr(timeline, name)
+        assert getattr(timeline, name).__doc__
+
+
+def test_straggler_follows_the_run_not_a_stored_answer(fresh_lab4, capsys):
+    with fresh_lab4.trace():
+        fresh_lab4.run(tracing.uneven_work)            # the exercise's run: rank 2 works longest
+    ddplab.check.straggler(2)
+    assert capsys.readouterr().out == ("Correct: rank 2 arrived last, and every other rank waited "
+                                       "for it in the collective.\n")
+    message = fails(ddplab.check.straggler, 0, "rank 0 is not the straggler", "waited for rank 2",
+                    "Hint:")
+    assert all(f"rank {r}: waited" in message for r in range(4))
+    with fresh_lab4.trace():                           # now rank 3 is the slow one
+        fresh_lab4.run(tracing.uneven_work, {0: 0.05, 1: 0.05, 2: 0.05, 3: 0.6})
+    fails(ddplab.check.straggler, 2, "rank 2 is not the straggler", "waited for rank 3")
+    ddplab.check.straggler(3)
+    fails(ddplab.check.straggler, "3", "rank number")
+    fails(ddplab.check.straggler, True, "rank number")
+
+
+def test_straggler_needs_a_wait_to_find(fresh_lab4):
+    with fresh_lab4.trace():
+        fresh_lab4.run_cell("x = 1")
+    fails(ddplab.check.straggler, 0, "no rank waited")
+
+
+def test_who_waited_right_and_wrong(fresh_lab):
+    with fresh_lab.trace() as tr:
+        fresh_lab.run_cell("import time\nt = torch.ones(2)\ndist.barrier()\nif rank == 0:\n"
+                           "    time.sleep(0.5)\n    dist.send(t, dst=1)\nelse:\n"
+                           "    dist.recv(t, src=0)")
+    ddplab.check.who_waited((1, "recv"), tr)
+    fails(ddplab.check.who_waited, (0, "send"), "not the call that waited longest", "rank 1: recv")
+    fails(ddplab.check.who_waited, "recv", "(rank, op)")
+
+
+def test_messages_per_rank_counts_the_rings_sends(fresh_lab4, capsys):
+    from ddplab.algorithms import ring_all_reduce
+
+    def ring():
+        import torch
+        return ring_all_reduce(torch.ones(64))
+
+    with fresh_lab4.trace():
+        fresh_lab4.run(ring)
+    ddplab.check.messages_per_rank(6)                  # 2(p - 1) for p = 4
+    assert capsys.readouterr().out == "Correct: each rank sent 6 messages.\n"
+    fails(ddplab.check.messages_per_rank, 3, "each rank sent 6 message(s)", "not 3", "arrows")
+
+
+def _ddp_backward(steps, cap):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 256),
+                                    torch.nn.Linear(256, 8)), bucket_cap_mb=cap)
+    for _ in range(steps):
+        model(torch.randn(16, 64)).sum().backward()
+
+
+def test_ddp_all_reduces_counts_the_buckets_of_the_last_backward(fresh_lab, capsys):
+    with fresh_lab.trace():
+        fresh_lab.run(_ddp_backward, 3, 0.2)
+    trace = tracing.last()
+    last = [c for c in trace.compute if c.rank == 0][-1]
+    count = len([e for e in trace.on(0) if e.source == "torch" and e.op == "all_reduce"
+                 and last.start <= e.start <= last.end])
+    assert count >= 2
+    ddplab.check.ddp_all_reduces(count)
+    assert capsys.readouterr().out.startswith(f"Correct: DDP issued {count} bucket all_reduce(s)")
+    fails(ddplab.check.ddp_all_reduces, count + 1, f"issued {count} all_reduce(s)", "purple")
+    with fresh_lab.trace():                    # one big bucket: the same answer is now wrong
+        fresh_lab.run(_ddp_backward, 3, 25)
+    fails(ddplab.check.ddp_all_reduces, count, "issued 1 all_reduce(s)")
+    with fresh_lab.trace():
+        fresh_lab.run_cell("x = 1")
+    fails(ddplab.check.ddp_all_reduces, 1, "no backward pass")
+
+
+def test_every_checker_says_to_trace_first(fresh_lab, monkeypatch):
+    monkeypatch.setattr(tracing, "_last", None)
+    for checker, answer in ((ddplab.check.straggler, 0), (ddplab.check.who_waited, (0, "send")),
+                            (ddplab.check.ddp_all_reduces, 1), (ddplab.check.messages_per_rank, 1)):
+        fails(checker, answer, "Run that cell first", "lab.trace()")

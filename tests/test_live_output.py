@@ -1,0 +1,90 @@
+"""Live output through a real Jupyter kernel: what reaches the front end, and when.
+
+A kernel is started with jupyter_client, a lab is started in it, and the
+iopub messages a front end would get are read with their arrival times.
+"""
+
+import sys
+import time
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+CELL = ("%%ranks\nimport time\nfor i in range(6):\n"
+        "    print(f'rank {rank} line {i}', flush=True)\n    time.sleep(0.5)\n")
+FINAL = "".join(f"[rank {r}]\n" + "".join(f"rank {r} line {i}\n" for i in range(6))
+                for r in range(2))
+
+
+def execute(client, code, limit=120):
+    """Run ``code``; return [(seconds since sent, message)] up to the idle status."""
+    begin = time.monotonic()
+    msg_id = client.execute(code)
+    got = []
+    while True:
+        msg = client.get_iopub_msg(timeout=limit)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        got.append((time.monotonic() - begin, msg))
+        if msg["msg_type"] == "error":
+            raise AssertionError("\n".join(msg["content"]["traceback"]))
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return got
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    manager, client = start_new_kernel(kernel_name="python3", startup_timeout=120)
+    try:
+        execute(client, f"import sys; assert sys.executable == {sys.executable!r}")
+        execute(client, "import ddplab\nlab = ddplab.start(world_size=2, backend='gloo', timeout=60)")
+        yield client
+        execute(client, "lab.stop()")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def stored(messages):
+    """The outputs a notebook stores (as nbconvert and nbval build them)."""
+    outputs = []
+    for _, msg in messages:
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            if outputs and outputs[-1][0] == ("stream", content["name"]):
+                outputs[-1] = (outputs[-1][0], outputs[-1][1] + content["text"])
+            else:
+                outputs.append((("stream", content["name"]), content["text"]))
+        elif kind in ("display_data", "execute_result"):
+            outputs.append(((kind,), content["data"]))
+    return outputs
+
+
+def test_a_line_reaches_the_front_end_long_before_the_cell_ends(kernel):
+    messages = execute(kernel, CELL)
+    end = messages[-1][0]
+    assert end >= 3.0
+    live = [(t, m["content"]["data"].get("text/plain", "")) for t, m in messages
+            if m["msg_type"] in ("display_data", "update_display_data")]
+    first = next((t for t, text in live if text.startswith("[rank 0] (running)")
+                  and "rank 0 line 0" in text), None)
+    assert first is not None, live
+    assert first < end - 1.5, f"rank 0's first line arrived at {first:.2f} s, the cell ended at {end:.2f} s"
+    # One area per rank, in rank order, updated in place, never interleaved.
+    opened = [m["content"]["transient"]["display_id"] for _, m in messages
+              if m["msg_type"] == "display_data"]
+    assert len(opened) == 2
+    for display_id, rank in zip(opened, (0, 1)):
+        texts = [m["content"]["data"].get("text/plain", "") for _, m in messages
+                 if m["msg_type"] == "update_display_data"
+                 and m["content"]["transient"]["display_id"] == display_id]
+        assert all(t.startswith(f"[rank {rank}]") for t in texts if t)
+        assert texts[-1] == ""            # emptied when the cell ends
+    # What is stored is what was stored before live output: empty areas, then the text.
+    assert stored(messages) == [(("display_data",), {}), (("display_data",), {}),
+                                (("stream", "stdout"), FINAL)]
+
+
+def test_a_quick_cell_opens_no_live_area(kernel):
+    messages = execute(kernel, "%%ranks\nprint(rank)")
+    assert stored(messages) == [(("stream", "stdout"), "[rank 0]\n0\n[rank 1]\n1\n")]

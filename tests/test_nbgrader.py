@@ -1,0 +1,187 @@
+"""The course through nbgrader itself: generate_assignment, autograde, and ddplab grade beside it.
+
+One nbgrader course folder (in a temporary directory) holds every notebook in
+notebooks/ as one assignment. ``generate_assignment`` must accept them all;
+its student versions must show a student the same cells as ``ddplab
+release``'s. One ``autograde`` run then grades, in order:
+
+- "reference": the reference notebooks, which must get full marks;
+- "student": nbgrader's own student versions, untouched, which must get zero;
+- three submissions of notebook 01 from tests/test_grade.py (all right, two
+  exercises broken, all stubs), which ``ddplab grade`` grades too, at the same
+  time: both graders must pass and fail the same exercises.
+
+nbgrader executes each notebook in a kernel, as ``ddplab grade`` does; a lab
+start per notebook on a shared 2-core machine is why the timeouts are long.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from test_grade import EXERCISES, _cell, _replace, _solutions_into_stubs
+
+from ddplab import procs
+from ddplab.course.grade import grade
+from ddplab.course.release import release_notebook
+
+# nbgrader itself: minutes.
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+ASSIGNMENT = "course"
+CELL_TIMEOUT = 900
+NAME01 = "01_point_to_point.ipynb"
+
+
+def _nbgrader(course: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    # nbgrader runs its database migrations with the `alembic` command: the venv's bin on PATH
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run([sys.executable, "-m", "nbgrader", *args, ASSIGNMENT, "--force"],
+                          cwd=course, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _cells_seen(nb) -> list[tuple[str, str]]:
+    return [(cell.cell_type, cell.source) for cell in nb.cells]
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """An nbgrader course folder whose one assignment is the course; generate_assignment run."""
+    course = tmp_path_factory.mktemp("nbgrader")
+    (course / "source" / ASSIGNMENT).mkdir(parents=True)
+    for path in NOTEBOOKS:
+        shutil.copyfile(path, course / "source" / ASSIGNMENT / path.name)
+    (course / "nbgrader_config.py").write_text(
+        "c = get_config()\n"
+        "c.CourseDirectory.course_id = 'ddplab'\n"
+        f"c.Execute.timeout = {CELL_TIMEOUT}\n")
+    begin = time.monotonic()
+    result = _nbgrader(course, "generate_assignment", timeout=900)
+    seconds = time.monotonic() - begin
+    assert result.returncode == 0, result.stdout + result.stderr[-6000:]
+    return course, seconds
+
+
+def test_generate_assignment_accepts_every_notebook(course, record_property):
+    course, seconds = course
+    record_property("generate_assignment_s", round(seconds, 1))
+    released = sorted(p.name for p in (course / "release" / ASSIGNMENT).glob("*.ipynb"))
+    assert released == [p.name for p in NOTEBOOKS]
+    for name in released:
+        assert "BEGIN SOLUTION" not in (course / "release" / ASSIGNMENT / name).read_text(), name
+
+
+def test_ddplab_release_shows_the_student_what_nbgrader_shows(course):
+    """Same cells, same sources (stubs included). Outputs differ on purpose: nbgrader clears
+    them all, ddplab release keeps the check cells' reference outputs (what grading compares)."""
+    course, _ = course
+    for path in NOTEBOOKS:
+        ours = release_notebook(nbformat.read(path, as_version=4), path.name)
+        theirs = nbformat.read(course / "release" / ASSIGNMENT / path.name, as_version=4)
+        assert _cells_seen(ours) == _cells_seen(theirs), path.name
+        assert [c.get("id") for c in ours.cells] == [c.get("id") for c in theirs.cells], path.name
+
+
+def _agreement_submissions() -> dict[str, nbformat.NotebookNode]:
+    """Three of tests/test_grade.py's submissions of notebook 01 that both graders can judge
+    alike (its deleted and edited check cells are not among them: nbgrader puts a locked
+    cell's source back, by design, where ddplab grade scores that exercise zero)."""
+    reference = nbformat.read(ROOT / "notebooks" / NAME01, as_version=4)
+    released = release_notebook(reference)
+    correct = _solutions_into_stubs(nbformat.from_dict(released), reference)
+    broken = _solutions_into_stubs(nbformat.from_dict(released), reference)
+    _replace(broken, "exercise-swap", "return received", "return t")               # wrong result
+    _replace(broken, "exercise-ring-token", "left, right = (rank - 1)",            # an exception
+             "left, right = undefined_name + (rank - 1)")
+    assert _cell(broken, "check-swap")
+    return {"agree-correct": correct, "agree-broken": broken, "agree-stubs": released}
+
+
+@pytest.fixture(scope="module")
+def autograded(course, tmp_path_factory):
+    """One nbgrader autograde over every submission, with ddplab grade running beside it."""
+    from nbgrader.api import Gradebook
+
+    course, _ = course
+    submitted = course / "submitted"
+    for student, folder in (("reference", course / "source"), ("student", course / "release")):
+        shutil.copytree(folder / ASSIGNMENT, submitted / student / ASSIGNMENT)
+    agreement = _agreement_submissions()
+    ddplab_paths = []
+    for student, nb in agreement.items():
+        (submitted / student / ASSIGNMENT).mkdir(parents=True)
+        nbformat.write(nb, submitted / student / ASSIGNMENT / NAME01)
+        theirs = tmp_path_factory.mktemp("ddplab-grade") / student
+        theirs.mkdir()
+        nbformat.write(nb, theirs / NAME01)
+        ddplab_paths.append(theirs / NAME01)
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    begin = time.monotonic()
+    nbgrader = subprocess.Popen([sys.executable, "-m", "nbgrader", "autograde", ASSIGNMENT, "--force"],
+                                cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    try:
+        ours = {g.student: g for g in grade(ddplab_paths, ROOT / "notebooks", jobs=1,
+                                            cell_timeout=120)}
+        ddplab_seconds = time.monotonic() - begin
+        log, _ = nbgrader.communicate(timeout=3000)
+    finally:
+        procs.end_tree(nbgrader, grace=5)
+        nbgrader.wait()
+    nbgrader_seconds = time.monotonic() - begin
+    assert nbgrader.returncode == 0, log[-8000:]
+    scores = {}
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        for student in ["reference", "student", *agreement]:
+            for path in NOTEBOOKS:
+                try:
+                    notebook = gradebook.find_submission_notebook(path.stem, ASSIGNMENT, student)
+                except Exception:           # MissingEntry: that student did not hand it in
+                    continue
+                scores[student, path.stem] = (notebook.score, notebook.max_score,
+                                              {g.name: g.score for g in notebook.grades})
+    ran = len(list((course / "autograded").glob(f"*/{ASSIGNMENT}/*.ipynb")))
+    print(f"nbgrader autograde: {ran} notebooks in {nbgrader_seconds:.0f} s; "
+          f"ddplab grade beside it: {len(ours)} in {ddplab_seconds:.0f} s")
+    return scores, ours, nbgrader_seconds, log
+
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_autograde_gives_the_reference_full_marks_and_the_student_version_zero(autograded,
+                                                                            record_property):
+    scores, _, seconds, log = autograded
+    record_property("autograde_s", round(seconds, 1))
+    for path in NOTEBOOKS:
+        score, out_of, _ = scores["reference", path.stem]
+        assert score == out_of, f"reference {path.name}: {score}/{out_of}: {scores['reference', path.stem]}"
+        score, out_of, cells = scores["student", path.stem]
+        assert score == 0, f"student version of {path.name} scored {score}/{out_of}: {cells}"
+        checks = sum(c.get("id", "").startswith("check-")
+                     for c in nbformat.read(path, as_version=4).cells)
+        assert out_of == checks, f"{path.name}: nbgrader counts {out_of} points, {checks} checks"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_ddplab_grade_and_nbgrader_agree_on_the_same_submissions(autograded):
+    scores, ours, _, _ = autograded
+    expected_lost = {"agree-correct": set(), "agree-broken": {"swap", "ring-token"},
+                     "agree-stubs": set(EXERCISES)}
+    for student, lost in expected_lost.items():
+        _, _, cells = scores[student, Path(NAME01).stem]
+        by_nbgrader = {name.removeprefix("check-"): score == 1 for name, score in cells.items()}
+        by_ddplab = {m.exercise: m.passed for m in ours[student].marks}
+        assert by_nbgrader == by_ddplab, f"{student}: nbgrader {by_nbgrader}, ddplab {by_ddplab}"
+        assert {name for name, ok in by_ddplab.items() if not ok} == lost, student
