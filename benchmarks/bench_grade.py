@@ -41,7 +41,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ddplab.release import release_notebook  # noqa: E402
+from ddplab.course.release import release_notebook  # noqa: E402
 
 
 def default_notebook() -> Path:
@@ -77,7 +77,7 @@ def main() -> None:
     reference = (args.notebook or default_notebook()).resolve()
     with tempfile.TemporaryDirectory(prefix="bench-grade-") as tmp:
         make_submissions(reference, Path(tmp) / "submitted", args.n)
-        command = [sys.executable, "-m", "ddplab.cli", "grade", str(Path(tmp) / "submitted"),
+        command = [sys.executable, "-m", "ddplab.course.cli", "grade", str(Path(tmp) / "submitted"),
                    "--reference", str(reference), "--csv", str(Path(tmp) / "grades.csv")]
         if args.jobs:
             command += ["--jobs", str(args.jobs)]

@@ -22,8 +22,8 @@ import sys
 import time
 
 from ddplab import train
-from ddplab.cluster import Lab, LabSpec
 from ddplab.env import omp_threads
+from ddplab.lab.cluster import Lab, LabSpec
 
 
 def lab_run(lab: Lab, config: train.Config) -> float:
@@ -43,7 +43,7 @@ def torchrun_run(ranks: int, config: train.Config, threads: int | None = None) -
 def measure(ranks: int, config: train.Config, repeat: int) -> dict:
     lab = Lab(LabSpec(world_size=ranks, backend="gloo", timeout=900, grace=2.0,
                       pg_timeout=1800, debug=False), gpus=0)
-    lab._launch()
+    lab.start()
     try:
         lab_run(lab, train.Config(epochs=1, verbose=False))      # warm up: imports, data, DDP
         ours, theirs, one_thread = [], [], []
