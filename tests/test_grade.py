@@ -212,7 +212,7 @@ def test_a_reference_without_check_outputs_stops_grading_with_the_fix(tmp_path):
                              "--reference", str(tmp_path / NAME)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert "check cell check-ping-pong" in result.stderr and "Execute and clean" in result.stderr
+    assert "check cell check-who-waited" in result.stderr and "Execute and clean" in result.stderr
 
 
 # ------------------------------------------------------------- the sanitize file
