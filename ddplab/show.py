@@ -9,6 +9,11 @@ rank's buffer. ``show`` fetches the value from each rank's namespace (the
 variables your ``%%ranks`` cells made), brings it to the kernel and returns a
 ``Picture``. JupyterLab draws its HTML form, a coloured table; its text form
 is what nbval compares, so the stored output is the same on every machine.
+
+Only what is drawn travels: each rank cuts its value down to the first 64
+elements and works out the figures the picture prints about the rest (how
+many in all, the smallest and largest) itself. A 20-million-element tensor
+so costs the kernel a few hundred bytes per rank, not gigabytes.
 """
 
 from __future__ import annotations
@@ -28,10 +33,22 @@ _MAX_COLUMNS = 64
 
 @dataclass(frozen=True)
 class Row:
-    """One rank's value, flattened to cells. ``note`` says what it was (dtype, shape)."""
+    """One rank's value, flattened to cells. ``note`` says what it was (dtype, shape).
+
+    ``cells`` holds at most the drawn elements; ``length`` is how many the value
+    had in all (``None``: exactly ``cells``), and ``summary`` what the picture says
+    about the elements that were cut off, worked out on the rank.
+    """
     cells: tuple[Any, ...]
     note: str
     breaks: tuple[int, ...] = ()     # column indexes where a new list item starts
+    length: int | None = None
+    summary: str = ""
+
+    @property
+    def size(self) -> int:
+        """How many elements the value had, drawn or not."""
+        return len(self.cells) if self.length is None else self.length
 
 
 @dataclass(frozen=True)
@@ -41,26 +58,42 @@ class Grid:
     rows: dict[int, Row]
 
 
-def row_of(value: Any) -> Row:
-    """Flatten a value into grid cells. Runs on the rank, so only plain data travels."""
+def row_of(value: Any, limit: int = _MAX_COLUMNS) -> Row:
+    """Flatten a value into at most ``limit`` grid cells. Runs on the rank, so only
+    the drawn elements and a few figures about the rest travel to the kernel."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        flat = value.detach().cpu().reshape(-1).tolist()
+        flat = value.detach().reshape(-1)
         dtype = str(value.dtype).replace("torch.", "")
-        return Row(tuple(flat), f"{dtype}{list(value.shape)}")
+        return Row(tuple(flat[:limit].cpu().tolist()), f"{dtype}{list(value.shape)}",
+                   length=flat.numel(), summary=_summary(flat, limit))
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
-        cells, breaks = [], []
+        cells: list[Any] = []
+        breaks, length = [], 0
         for item in value:
-            breaks.append(len(cells))
-            cells.extend(item.detach().cpu().reshape(-1).tolist())
+            breaks.append(length)
+            flat = item.detach().reshape(-1)
+            cells.extend(flat[:max(0, limit - len(cells))].cpu().tolist())
+            length += flat.numel()
         kind = type(value).__name__
-        return Row(tuple(cells), f"{kind} of {len(value)} tensors", tuple(breaks[1:]))
+        return Row(tuple(cells), f"{kind} of {len(value)} tensors",
+                   tuple(b for b in breaks[1:] if b < limit), length)
     if isinstance(value, (list, tuple)):
-        return Row(tuple(value), f"{type(value).__name__}[{len(value)}]")
+        return Row(tuple(value[:limit]), f"{type(value).__name__}[{len(value)}]", length=len(value))
     if value is None:
         return Row((), "None")
     return Row((value,), type(value).__name__)
+
+
+def _summary(flat: Any, limit: int) -> str:
+    """The smallest and largest element of a real tensor too long to draw whole."""
+    import torch
+
+    if flat.numel() <= limit or flat.is_complex() or flat.dtype == torch.bool:
+        return ""
+    low, high = flat.min().item(), flat.max().item()
+    return f", min {format_cell(low)}, max {format_cell(high)}"
 
 
 def fetch(what: str | Callable[[], Any]) -> Row:
@@ -96,7 +129,7 @@ class Picture:
         self.grids = grids
 
     def values(self, index: int = 0) -> dict[int, tuple]:
-        """The cells of one grid, keyed by rank: for checks and tests."""
+        """The drawn cells of one grid (at most 64 per rank), keyed by rank: for checks and tests."""
         return {rank: row.cells for rank, row in self.grids[index].rows.items()}
 
     # -------------------------------------------------------------- text form
@@ -111,7 +144,7 @@ class Picture:
 
 
 def _columns(grid: Grid) -> int:
-    return min(_MAX_COLUMNS, max((len(row.cells) for row in grid.rows.values()), default=0))
+    return min(_MAX_COLUMNS, max((row.size for row in grid.rows.values()), default=0))
 
 
 def _grid_text(grid: Grid) -> str:
@@ -127,7 +160,7 @@ def _grid_text(grid: Grid) -> str:
         for i, text in enumerate(texts[rank]):
             sep = "|" if i in row.breaks else " "
             cells.append(sep + f"{text:>{col_width}}" if i else f"{text:>{col_width}}")
-        more = f" ... ({len(row.cells)} in all)" if len(row.cells) > width else ""
+        more = f" ... ({row.size} in all{row.summary})" if row.size > width else ""
         body = "".join(cells) if cells else "-"
         lines.append(f"{labels[rank]:<{label_width}}  {body}   {row.note}{more}")
     return "\n".join(lines)

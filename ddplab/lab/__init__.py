@@ -45,7 +45,12 @@ Failure modes, and what you see
 - Kernel > Interrupt: the ranks get SIGINT. If they stop, the lab is usable;
   if one is blocked in C++ and cannot stop, the message says to restart.
 - The kernel dies, even by kill -9: every engine and the controller notice
-  their parent is gone and exit within about a second (``ddplab.rank.guard``).
+  their parent is gone and exit within about a second (``ddplab.rank.guard``);
+  the controller's guard removes the lab's directory, and so does the engine
+  template, for a kernel killed halfway through its own exit.
+- Kernel > Shut down, even with ranks stuck: the lab's exit handler runs first
+  (ipyparallel's is off), kills stuck engines at once and removes the directory,
+  well within the 2.5 s Jupyter waits before it sends SIGTERM.
 
 Where things are
 ----------------

@@ -132,8 +132,24 @@ class Lab:
         except BaseException:
             self._teardown()
             raise
+        self._exit_first()
         self._broken = ""
         return self
+
+    def _exit_first(self) -> None:
+        """Make this lab's teardown the first exit handler to run (atexit runs the last
+        registered first).
+
+        A kernel that is shut down (Kernel > Shut down) gets about 2.5 s to exit
+        before Jupyter sends SIGTERM, then SIGKILL. Handlers registered while the lab
+        came up (the engine template's) wait up to 5 s for stuck engines to act on
+        SIGTERM; run before ours, they used up that time, the kernel was killed
+        between ending the controller (whose guard removes the directory when the
+        kernel dies) and removing the directory itself, and the directory stayed.
+        Our teardown kills stuck engines at once (``grace=0``), then the rest.
+        """
+        atexit.unregister(self._teardown)
+        atexit.register(self._teardown)
 
     # ------------------------------------------------ hooks (HostLab overrides these)
     def _bring_up(self) -> None:
@@ -163,6 +179,10 @@ class Lab:
             template.warm()      # torch imports in the template while the controller starts
         cluster = ipp.Cluster(
             n=n, profile_dir=self._dir, cluster_id="lab", log_level=logging.ERROR,
+            # ipyparallel's own exit handler would stop the cluster before ours runs,
+            # politely: SIGINT, then waiting for engines that a stuck collective keeps
+            # from ever answering. ddplab ends its processes itself (_teardown).
+            shutdown_atexit=False,
             controller_ip=HOST, delay=0, engine_timeout=max(60, int(self.spec.timeout)),
             # Engines start at once and load torch while the controller comes up.
             send_engines_connection_env=False,
@@ -268,9 +288,11 @@ class Lab:
         template.release(self)
 
     def _teardown(self) -> None:
-        """End every process this lab started and remove its files."""
-        self._shut_down()
-        self._forget()
+        """End every process this lab started and remove its files (even if ending one failed)."""
+        try:
+            self._shut_down()
+        finally:
+            self._forget()
 
     def _forget(self) -> None:
         """Drop what a stopped lab held: pending cells, ranks, its directory, its atexit hook."""
@@ -348,6 +370,7 @@ class Lab:
         self._engine_ids = sorted(new)[:n]
         self._client[self._engine_ids].use_cloudpickle()
         self._join_group()
+        self._exit_first()                   # a template started anew registered its own handler
         self._broken = ""
 
     def _kill_engines(self, cluster) -> list:

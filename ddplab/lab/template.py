@@ -79,9 +79,13 @@ class Template:
                 stream.flush()
                 return json.loads(stream.readline())
 
-    def fork(self, argv: list[str], env: dict, cwd: str, output: str) -> int:
-        """Fork a child that runs ``argv`` (a ``python -m ddplab.rank.guard ...`` line); its pid."""
-        return int(self._ask({"argv": argv, "env": env, "cwd": cwd, "output": output})["pid"])
+    def fork(self, argv: list[str], env: dict, cwd: str, output: str, lab_dir: str = "") -> int:
+        """Fork a child that runs ``argv`` (a ``python -m ddplab.rank.guard ...`` line); its pid.
+
+        ``lab_dir``: the lab's directory, which the template removes if the kernel dies.
+        """
+        return int(self._ask({"argv": argv, "env": env, "cwd": cwd, "output": output,
+                              "lab_dir": lab_dir})["pid"])
 
     def ended(self, pid: int) -> dict:
         """How child ``pid`` ended: ``{"exit": code}``, ``{"signal": n}``, or ``{}`` if unknown."""
@@ -162,7 +166,7 @@ class ForkedEngineLauncher(LocalEngineLauncher):
     def start(self):
         env = os.environ.copy()
         env.update(self.get_env())
-        pid = shared().fork(self.args, env, self.work_dir, self.output_file)
+        pid = shared().fork(self.args, env, self.work_dir, self.output_file, self.profile_dir)
         self.pid = pid
         self.process = psutil.Process(pid)
         self.notify_start(pid)

@@ -10,7 +10,7 @@ child per engine it is asked for; a fork copies the imported modules for free.
 It listens on that Unix socket, in a private (0700) directory of its own, so
 no other user can ask it for anything; it removes the directory when it exits. One
 request per connection, one JSON line:
-``{"argv": [...], "env": {...}, "cwd": "...", "output": "..."}``; the answer is
+``{"argv": [...], "env": {...}, "cwd": "...", "output": "...", "lab_dir": "..."}``; the answer is
 ``{"pid": N}`` once the child exists. ``{"status": N}`` asks how child N ended
 (``{"exit": code}`` or ``{"signal": number}``, ``{}`` while it runs).
 
@@ -26,6 +26,11 @@ Why this is safe to fork from (the known pitfalls):
 - It dies with the kernel: it polls its parent every half second, and when the
   kernel is gone it ends its children and exits. The children watch the
   template the same way (``ddplab.rank.guard``).
+
+When the kernel dies it also removes the directories of the labs whose engines
+it forked (``lab_dir``). The controller's guard does that too, but a kernel
+killed halfway through its exit, after it ended the controller and before it
+removed the directory itself, leaves only the template to do it.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import time
 POLL_SECONDS = 0.5
 _ended: dict[int, dict] = {}      # pid -> how it ended, for {"status": pid}
 _children: set[int] = set()
+_lab_dirs: set[str] = set()       # the directories of the labs we forked engines for
 
 
 def _reap(*_: object) -> None:
@@ -127,6 +133,8 @@ def _answer(conn: socket.socket) -> None:
             if pid == 0:
                 _become(request)
             _children.add(pid)
+            if request.get("lab_dir"):
+                _lab_dirs.add(request["lab_dir"])
             reply = {"pid": pid}
         stream.write(json.dumps(reply).encode() + b"\n")
         stream.flush()
@@ -162,6 +170,9 @@ def serve(path: str, parent_pid: int) -> None:
     finally:
         _end_children()
         server.close()
+        if os.getppid() != parent_pid:     # the kernel died; after a SIGTERM, it cleans up itself
+            for lab_dir in _lab_dirs:
+                shutil.rmtree(lab_dir, ignore_errors=True)
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
@@ -180,7 +191,14 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m ddplab.rank.template SOCKET")
     parent = int(os.environ.get("DDPLAB_PARENT_PID", os.getppid()))
     preload()
-    serve(argv[0], parent)
+    try:
+        serve(argv[0], parent)
+    except SystemExit:                     # SIGTERM: serve's clean-up has run
+        pass
+    sys.stdout.flush()
+    # Skip the interpreter's teardown: with torch loaded it takes seconds (2.6 s on a
+    # busy 2-core laptop), which every lab.stop() and a kernel shutting down wait for.
+    os._exit(0)
 
 
 if __name__ == "__main__":
