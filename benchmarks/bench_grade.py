@@ -43,16 +43,12 @@ sys.path.insert(0, str(ROOT))
 
 from ddplab.course.release import release_notebook  # noqa: E402
 
+GOAL_S = 120      # issue 20: a class of 20 graded in two minutes on 2 cores
+
 
 def default_notebook() -> Path:
-    """The notebook with the most exercises, so the benchmark grades a real lesson."""
-    best, most = ROOT / "notebooks" / "00_setup.ipynb", 0
-    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        nb = nbformat.read(path, as_version=4)
-        count = sum(c.get("id", "").startswith("check-") for c in nb.cells)
-        if count > most:
-            best, most = path, count
-    return best
+    """Notebook 01, the lesson the goal is stated for (seven exercises, three lab starts)."""
+    return ROOT / "notebooks" / "01_point_to_point.ipynb"
 
 
 def make_submissions(reference: Path, folder: Path, count: int) -> None:
@@ -94,7 +90,7 @@ def main() -> None:
     print(f"jobs          {args.jobs or os.cpu_count()} on {os.cpu_count()} cores, "
           f"load average at start {load:.1f}")
     print(f"wall time     {elapsed:.0f} s ({elapsed / args.n:.1f} s per submission); "
-          f"goal < 300 s: {'met' if elapsed < 300 else 'NOT met'}")
+          f"goal < {GOAL_S} s: {'met' if elapsed < GOAL_S else 'NOT met'}")
     if full != args.n - args.n // 5:
         print(result.stdout[-3000:], result.stderr[-3000:])
         sys.exit(1)
