@@ -18,18 +18,20 @@ _C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.p
 LIMIT = 30                          # seconds any handover may take before the test fails
 
 
-def _fake_dist() -> dict:
-    """``recv(entered, release)`` as if defined in torch, and a rank cell that calls it twice."""
+def _fake_dist(call: str = "recv") -> dict:
+    """``recv`` and ``recv_object_list`` (which waits in ``recv``) as if defined in torch,
+    and a rank cell that calls ``call`` once per ``(entered, release)`` pair."""
     names: dict = {}
-    exec(compile("def recv(entered, release):\n    entered.set()\n    release.wait()\n",
+    exec(compile("def recv(entered, release):\n    entered.set()\n    release.wait()\n"
+                 "def recv_object_list(entered, release):\n    recv(entered, release)\n",
                  _C10D, "exec"), names)
-    exec(compile("def cell(calls):\n    for entered, release in calls:\n"
-                 "        recv(entered, release)\n", CELL_FILENAME.format(n=7), "exec"), names)
+    exec(compile(f"def cell(calls):\n    for entered, release in calls:\n"
+                 f"        {call}(entered, release)\n", CELL_FILENAME.format(n=7), "exec"), names)
     return names
 
 
-def _run_in_thread(calls: list) -> tuple[threading.Thread, blocked.Watch]:
-    thread = threading.Thread(target=_fake_dist()["cell"], args=(calls,), daemon=True)
+def _run_in_thread(calls: list, call: str = "recv") -> tuple[threading.Thread, blocked.Watch]:
+    thread = threading.Thread(target=_fake_dist(call)["cell"], args=(calls,), daemon=True)
     thread.start()
     return thread, blocked.Watch(thread.ident)
 
@@ -48,6 +50,16 @@ def test_one_long_call_reads_blocked_with_its_cell_line_then_not_once_it_returns
     calls[0][1].set()
     thread.join(LIMIT)
     assert watch.look(now=200.0) == ""
+
+
+def test_a_call_that_waits_inside_another_reads_as_the_call_the_user_made():
+    calls = _steps(1)
+    thread, watch = _run_in_thread(calls, "recv_object_list")
+    assert calls[0][0].wait(LIMIT)
+    watch.look(now=0.0)
+    assert watch.look(now=blocked.BLOCKED_AFTER) == "blocked in recv_object_list, cell line 3"
+    calls[0][1].set()
+    thread.join(LIMIT)
 
 
 def test_a_new_call_at_every_look_is_never_blocked():

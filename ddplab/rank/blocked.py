@@ -8,8 +8,10 @@ How we know, at no cost to the rank's own code: nothing is wrapped. The live
 pump's thread already wakes every ``live.INTERVAL`` seconds; each time it reads
 the main thread's Python stack with ``sys._current_frames()`` (a snapshot,
 safe from another thread, and possible while the main thread sits in a C++
-collective, which releases the GIL while it waits). The innermost public
+collective, which releases the GIL while it waits). The outermost public
 function of ``distributed_c10d.py`` on that stack is the call the rank is in.
+A ``.wait()`` on the handle an ``isend`` returned is a C++ method with no
+Python frame: a rank waiting there reads as running.
 
 A tight loop of small ``all_reduce`` calls is inside ``all_reduce`` at almost
 every look, yet it is not blocked. So "blocked" needs the *same* call seen for
@@ -38,14 +40,18 @@ _LIBRARY_MARKS = ("site-packages", "/lib/python", "/ddplab/")
 
 
 def _call_frame(top: FrameType | None) -> FrameType | None:
-    """The innermost frame of a public ``torch.distributed`` function on this stack, if any."""
-    frame = top
+    """The outermost frame of a public ``torch.distributed`` function on this stack, if any.
+
+    Outermost: the call the user made. ``all_gather_object`` waits inside
+    ``all_gather``, ``send_object_list`` inside ``send``; the student wrote the former.
+    """
+    frame, found = top, None
     while frame is not None:
         code = frame.f_code
         if code.co_filename.endswith(_C10D_FILE) and not code.co_name.startswith("_"):
-            return frame
+            found = frame
         frame = frame.f_back
-    return None
+    return found
 
 
 def _user_site(frame: FrameType | None) -> str:
