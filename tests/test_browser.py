@@ -213,10 +213,15 @@ CELLS_JS = """name => {
 # prompts alone cannot say, since JupyterLab blanks queued prompts after a cell's error.
 WATCH_KERNEL_JS = """name => {
   const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === name);
-  window.ddplabRun = {sent: 0, replies: 0};
+  window.ddplabRun = {sent: 0, replies: 0, idle: 0};
   panel.sessionContext.session.kernel.anyMessage.connect((_, {msg, direction}) => {
     if (direction === 'send' && msg.header.msg_type === 'execute_request') window.ddplabRun.sent++;
     if (direction === 'recv' && msg.header.msg_type === 'execute_reply') window.ddplabRun.replies++;
+    // The reply comes on the shell channel and can overtake the cell's last outputs; the
+    // idle status comes on iopub after all of them.
+    if (direction === 'recv' && msg.header.msg_type === 'status'
+        && msg.content.execution_state === 'idle'
+        && msg.parent_header.msg_type === 'execute_request') window.ddplabRun.idle++;
   });
 }"""
 
@@ -454,7 +459,8 @@ def test_live_output_shows_while_the_cell_runs(chromium, jupyter_lab, tmp_path,
                 assert seen is not None, f"rank 0's line never showed while the cell ran: {states[-15:]}"
                 assert seen["live"][0].startswith("[rank 0] (running)"), seen
                 assert not seen["stdout"], seen
-                page.wait_for_function("() => window.ddplabRun.replies >= window.ddplabRun.sent",
+                # idle, not the reply: the reply can arrive before the last of the output.
+                page.wait_for_function("() => window.ddplabRun.idle >= window.ddplabRun.sent",
                                        timeout=240_000)
                 done = page.evaluate(LIVE_JS, LIVE_NOTEBOOK)
                 assert rank_labels(done["stdout"]) == ["0", "1"], done

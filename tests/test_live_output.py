@@ -88,3 +88,26 @@ def test_a_line_reaches_the_front_end_long_before_the_cell_ends(kernel):
 def test_a_quick_cell_opens_no_live_area(kernel):
     messages = execute(kernel, "%%ranks\nprint(rank)")
     assert stored(messages) == [(("stream", "stdout"), "[rank 0]\n0\n[rank 1]\n1\n")]
+
+
+# Rank 0 waits in recv until rank 1 sends, 3 s in (rank 1's sleep is the scenario,
+# not the test hoping): rank 0's label must say where it waits while it waits.
+BLOCKED_CELL = ("%%ranks\nimport time\nt = torch.zeros(1)\nif rank == 0:\n"
+                "    dist.recv(t, src=1)\n    print('got', t.item(), flush=True)\n    time.sleep(1.5)\n"
+                "else:\n    time.sleep(3)\n    dist.send(torch.ones(1), dst=0)\n")
+
+
+def test_a_rank_blocked_in_recv_says_so_while_it_waits(kernel):
+    messages = execute(kernel, BLOCKED_CELL)
+    end = messages[-1][0]
+    rank0 = [(t, m["content"]["data"].get("text/plain", "")) for t, m in messages
+             if m["msg_type"] in ("display_data", "update_display_data")
+             and m["content"]["data"].get("text/plain", "").startswith("[rank 0]")]
+    blocked = [t for t, text in rank0 if text.startswith("[rank 0] (blocked in recv, cell line 4)")]
+    assert blocked, rank0
+    assert blocked[0] < end - 1.5, f"first 'blocked' at {blocked[0]:.2f} s, cell ended at {end:.2f} s"
+    # Once recv returns, the label goes back to running (and shows what rank 0 printed).
+    assert any(t > blocked[-1] and text == "[rank 0] (running)\ngot 1.0" for t, text in rank0), rank0
+    # The status is live only: the stored output is the text, as without live areas.
+    assert stored(messages) == [(("display_data",), {}), (("display_data",), {}),
+                                (("stream", "stdout"), "[rank 0]\ngot 1.0\n")]

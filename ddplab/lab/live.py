@@ -4,10 +4,12 @@ Each rank publishes its *screen* (its last lines, ``\\r`` already applied; see
 ``ddplab.rank.live``) while a cell runs. The kernel's wait loop hands the
 latest screens to a ``Board``, which shows one area per rank, rank 0 first,
 each under its ``[rank N]`` label with a short status, updated in place with
-IPython's display ids (never interleaved by arrival).
+IPython's display ids (never interleaved by arrival). The status is
+``running``, ``finished`` or ``failed``, or what the rank reports while it
+sits in one torch.distributed call: ``blocked in recv, cell line 3``.
 
 The areas are scaffolding, not output: they are made only once some rank has
-printed and the cell has run ``OPEN_AFTER`` seconds, they start and end empty
+printed (or is blocked) and the cell has run ``OPEN_AFTER`` seconds, they start and end empty
 (``display_data`` with no data, which nbval and ``ddplab grade`` skip and
 ``tools/clean_notebook.py`` removes), and when
 the cell ends they are emptied and the final rank-ordered text is printed as
@@ -23,7 +25,7 @@ import os
 import time
 from typing import Any
 
-from ..rank.live import KEY
+from ..rank.live import KEY, STATUS_KEY
 from . import display
 
 #: Lines of a rank's screen shown in its live area.
@@ -42,10 +44,18 @@ def screen(result: Any) -> str | None:
         return None
 
 
+def reported(result: Any) -> str:
+    """What a rank last said of itself for ``result``: "" or ``blocked in send, cell line 1``."""
+    try:
+        return (result.data or {}).get(STATUS_KEY) or ""
+    except Exception:
+        return ""
+
+
 def status(task: Any) -> str:
-    """``running``, ``finished`` or ``failed``, from a cluster ``_Task``."""
+    """``running``, ``blocked in ...``, ``finished`` or ``failed``, from a cluster ``_Task``."""
     if task.outcome is None:
-        return "running"
+        return reported(task.result) or "running"
     return "finished" if task.outcome["ok"] else "failed"
 
 
@@ -65,15 +75,17 @@ class Board:
         try:
             ordered = sorted(tasks, key=lambda t: t.rank)
             screens = [screen(t.result) for t in ordered]
+            statuses = [status(t) for t in ordered]
             if not self._ids:
-                if not any(screens) or time.monotonic() - self._begin < OPEN_AFTER:
+                worth = any(screens) or any(s.startswith("blocked") for s in statuses)
+                if not worth or time.monotonic() - self._begin < OPEN_AFTER:
                     return
                 self._open(len(ordered))
-            for i, (task, text) in enumerate(zip(ordered, screens)):
+            for i, (task, text, state) in enumerate(zip(ordered, screens, statuses)):
                 if i >= len(self._ids):
                     break
                 lines = (text or "").rstrip("\n").split("\n")[-LINES:] if text else []
-                body = "\n".join([display.rank_label(task.rank, f"({status(task)})")] + lines)
+                body = "\n".join([display.rank_label(task.rank, f"({state})")] + lines)
                 if body != self._shown[i]:
                     self._shown[i] = body
                     self._send(self._ids[i], {"text/plain": body}, update=True)

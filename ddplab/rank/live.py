@@ -14,6 +14,12 @@ flood costs one small message per interval however much is printed, and the
 rank's writes stay a list append (no lock, no per-write message). The same
 screen is what the kernel shows of a rank that hangs: it keeps arriving while
 the rank's main thread is blocked inside a C++ collective.
+
+Beside the screen the pump publishes the rank's *status* under ``STATUS_KEY``:
+``"blocked in recv, cell line 3"`` once the cell has sat in one
+torch.distributed call for ``blocked.BLOCKED_AFTER`` seconds, ``""`` again
+when the call returns (see ``ddplab.rank.blocked``: a look at the main
+thread's stack from this thread, nothing wrapped). Only changes are sent.
 """
 
 from __future__ import annotations
@@ -24,8 +30,12 @@ import sys
 import threading
 from typing import Callable
 
+from . import blocked
+
 #: The key under which the screen is published, in each AsyncResult's ``.data``.
 KEY = "ddplab_live"
+#: The key of the rank's status: "" while running, "blocked in send, cell line 1" while blocked.
+STATUS_KEY = "ddplab_live_status"
 INTERVAL = 0.2
 SCREEN_CHARS = 8000
 
@@ -57,13 +67,18 @@ def publisher() -> Callable[[dict], None] | None:
 
 
 class Pump:
-    """Publishes the screen of one running cell. ``chunks`` is fed by the recorder."""
+    """Publishes the screen and status of one running cell. ``chunks`` is fed by the recorder.
+
+    Made in the thread that runs the cell: that is the thread whose stack it watches.
+    """
 
     def __init__(self, publish: Callable[[dict], None]) -> None:
         self.chunks: collections.deque = collections.deque()
         self._publish = publish
         self._raw = ""
         self._sent = ""
+        self._watch = blocked.Watch(threading.get_ident())
+        self._status = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddplab-live", daemon=True)
 
@@ -74,10 +89,12 @@ class Pump:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(2 * INTERVAL + 1)
+        self._watch.forget()
 
     def _run(self) -> None:
         while not self._stop.wait(INTERVAL):
             try:
+                self.publish_status()
                 self.publish()
             except Exception:          # a live view must never break the cell
                 return
@@ -111,3 +128,10 @@ class Pump:
         if screen != self._sent:
             self._sent = screen
             self._publish({KEY: screen})
+
+    def publish_status(self) -> None:
+        """Send the rank's status when it changed (blocked in a call, or no longer)."""
+        status = self._watch.look()
+        if status != self._status:
+            self._status = status
+            self._publish({STATUS_KEY: status})
