@@ -273,7 +273,8 @@ def run_all_cells(page, name: str) -> list[dict]:
     deadline = time.monotonic() + RUN_DEADLINE
     while time.monotonic() < deadline:
         run = page.evaluate("window.ddplabRun")
-        if run["sent"] and run["replies"] >= run["sent"]:
+        # idle, not the reply: the reply can overtake the last cell's final outputs
+        if run["sent"] and run["replies"] >= run["sent"] and run["idle"] >= run["sent"]:
             return page.evaluate(CELLS_JS, name)
         page.wait_for_timeout(500)                    # polling a condition, with a deadline
     cells = page.evaluate(CELLS_JS, name)
