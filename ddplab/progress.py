@@ -86,6 +86,20 @@ def headline(ranks: list[int]) -> str:
     return f"Live progress, one bar per rank ({', '.join(f'rank {r}' for r in ranks)})"
 
 
+def published(result: Any) -> dict:
+    """What a rank published (``publish_data``) so far for ``result``, an AsyncResult.
+
+    Read from the metadata ipyparallel keeps, not through ``result.data``: that
+    property re-parses the metadata's timestamps with dateutil on every access,
+    which the lab's wait loop did a few times per call (most of ``lab.run``'s
+    overhead over a raw ipyparallel call).
+    """
+    try:
+        return result._metadata[0].get("data") or {}
+    except (AttributeError, IndexError, TypeError):
+        return result.data or {}
+
+
 class Board:
     """The kernel's view of every rank's progress during one wait of the lab.
 
@@ -106,8 +120,9 @@ class Board:
         try:
             if self._view is not None:
                 self._flush(results)
-            records = {rank: result.data[KEY] for rank, result in results.items()
-                       if KEY in (result.data or {})}
+            records = {rank: data[KEY] for rank, data in
+                       ((rank, published(result)) for rank, result in results.items())
+                       if KEY in data}
             if not records:
                 return
             if self._view is None:

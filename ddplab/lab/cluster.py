@@ -78,6 +78,8 @@ class Lab:
         self.backend, self.backend_reason = choose_backend(spec.backend, spec.world_size, gpus)
         self._cluster = None
         self._client = None
+        self._views: dict[int, Any] = {}   # engine id -> its DirectView, of _views_of
+        self._views_of: Any = None
         self._engine_ids: list[int] = []   # index: torch rank
         self._pids: list[int] = []         # index: torch rank
         self._handles: list = []           # psutil handles of local engines, index: torch rank
@@ -458,7 +460,16 @@ class Lab:
 
     def _call(self, rank: int, fn: Callable, *args: Any) -> Any:
         """Call ``fn(*args)`` on ``rank``'s engine; an AsyncResult."""
-        return self._client[self._engine_ids[rank]].apply_async(fn, *args)
+        return self._view(self._engine_ids[rank]).apply_async(fn, *args)
+
+    def _view(self, engine_id: int) -> Any:
+        """ipyparallel's view of one engine, made once (making one costs more than a call)."""
+        if self._views_of is not self._client:       # a new client: views of the old are stale
+            self._views, self._views_of = {}, self._client
+        view = self._views.get(engine_id)
+        if view is None:
+            view = self._views[engine_id] = self._client[engine_id]
+        return view
 
     def _submit(self, ranks: list[int], fn: Callable, *args: Any) -> list[Task]:
         return [Task(rank, self._call(rank, fn, *args)) for rank in ranks]

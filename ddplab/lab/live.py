@@ -25,6 +25,7 @@ import os
 import time
 from typing import Any
 
+from ..progress import published
 from ..rank.live import KEY, STATUS_KEY
 from . import display
 
@@ -39,7 +40,7 @@ _ids = itertools.count()
 def screen(result: Any) -> str | None:
     """The latest screen a rank published for ``result`` (an AsyncResult), if any."""
     try:
-        return (result.data or {}).get(KEY)
+        return published(result).get(KEY)
     except Exception:
         return None
 
@@ -47,7 +48,7 @@ def screen(result: Any) -> str | None:
 def reported(result: Any) -> str:
     """What a rank last said of itself for ``result``: "" or ``blocked in send, cell line 1``."""
     try:
-        return (result.data or {}).get(STATUS_KEY) or ""
+        return published(result).get(STATUS_KEY) or ""
     except Exception:
         return ""
 

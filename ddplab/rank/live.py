@@ -79,25 +79,20 @@ class Pump:
         self._sent = ""
         self._watch = blocked.Watch(threading.get_ident())
         self._status = ""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ddplab-live", daemon=True)
 
     def start(self) -> "Pump":
-        self._thread.start()
+        _service.attach(self)
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(2 * INTERVAL + 1)
+        """Stop publishing; once this returns, nothing more is sent for this cell."""
+        _service.detach(self)
         self._watch.forget()
 
-    def _run(self) -> None:
-        while not self._stop.wait(INTERVAL):
-            try:
-                self.publish_status()
-                self.publish()
-            except Exception:          # a live view must never break the cell
-                return
+    def tick(self) -> None:
+        """One look: the status, then the screen, each sent only if it changed."""
+        self.publish_status()
+        self.publish()
 
     def take(self) -> str:
         """What was written since the last call, at most its last SCREEN_CHARS characters."""
@@ -135,3 +130,51 @@ class Pump:
         if status != self._status:
             self._status = status
             self._publish({STATUS_KEY: status})
+
+
+class _Service:
+    """The one thread per engine that publishes for whichever ``Pump`` is running.
+
+    A thread per cell cost a thread start and a join on every ``lab.run``,
+    most of ddplab's overhead over a raw ipyparallel call, for cells that
+    mostly print nothing. This thread is started on first use, sleeps while
+    no cell runs, and publishes under a lock that ``detach`` takes, so no
+    screen of a finished cell can arrive after its result.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._pump: Pump | None = None
+        self._thread: threading.Thread | None = None
+
+    def attach(self, pump: Pump) -> None:
+        with self._lock:
+            self._pump = pump
+            # is_alive: after a fork (code on a rank forking) only the forking thread exists
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="ddplab-live",
+                                                daemon=True)
+                self._thread.start()
+            self._lock.notify()
+
+    def detach(self, pump: Pump) -> None:
+        with self._lock:
+            if self._pump is pump:
+                self._pump = None
+
+    def _run(self) -> None:
+        with self._lock:
+            while True:
+                while self._pump is None:
+                    self._lock.wait()
+                pump = self._pump
+                self._lock.wait(INTERVAL)         # a new cell's attach ends this wait early
+                if self._pump is not pump:
+                    continue
+                try:
+                    pump.tick()
+                except Exception:                 # a live view must never break the cell
+                    self._pump = None
+
+
+_service = _Service()
