@@ -17,15 +17,17 @@ import ast
 import collections
 import datetime
 import faulthandler
+import io
 import linecache
 import os
 import re
 import signal
 import sys
+import threading
 import traceback
 from typing import Any, Callable
 
-from . import live
+from . import fdcapture, live
 
 #: Filenames of cells compiled on a rank look like this; the hang diagnosis
 #: finds the cell's line in a stack dump by this prefix.
@@ -92,6 +94,9 @@ def _watch_stack(stack_file: str, kernel_path: list[str]) -> None:
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
     _state["stack_file"] = stack
     _state["in_lab"] = True          # what in_lab() reports, on one host or several
+    # From now on what the rank writes to fd 1 and 2 (subprocesses, os.write,
+    # gloo's C++ warnings) is shown with its prints, not lost in a log file.
+    _output.capture_fds()
 
 
 def in_lab() -> bool:
@@ -205,12 +210,14 @@ class _Recorder:
         else:
             items = self._tail
             self._tail_size += size
-            if self._tail_size > 2 * self._tail_max:    # trim in batches: amortized O(1)
-                self._trim()
         if items and items[-1][0] == stream:
             items[-1][1].append(data)
         else:
             items.append([stream, collections.deque([data])])
+        # Trim in batches (amortized O(1)), after appending: one write larger
+        # than the tail (fd-level output comes in chunks of a megabyte) is cut too.
+        if items is self._tail and self._tail_size > 2 * self._tail_max:
+            self._trim()
 
     @staticmethod
     def _append(items, stream: str, data: str) -> None:
@@ -279,12 +286,81 @@ class _Recorder:
                 f"{self._head_max:,} and the last {self._tail_max:,} characters]\n")
 
 
+#: Between cells a rank keeps at most this much of what it writes (a background
+#: thread, a late gloo warning), and shows it at the start of its next cell.
+KEEP_IDLE = 64 * 1024
+BETWEEN_CELLS_NOTE = "[ddplab: this rank wrote this between cells, after its previous cell had ended]\n"
+
+
+class _Output:
+    """Where this rank's output goes now: a cell's recorder, or between cells the idle one.
+
+    One lock orders every writer: ``print`` on any thread, and the fd reader
+    (``fdcapture``). Without it two threads could interleave inside one
+    recorder update and put text in the wrong stream.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.idle = _Recorder(KEEP_IDLE, KEEP_IDLE)
+        self.sink = self.idle
+        self.fds: fdcapture.FdCapture | None = None   # set once this engine is a rank
+        self.originals: tuple = (sys.stdout, sys.stderr)
+
+    def deliver(self, stream: str, text: str) -> None:
+        """fdcapture's sink: text that arrived on fd 1 or 2."""
+        with self.lock:
+            self.sink.text(stream, text)
+
+    def capture_fds(self) -> None:
+        """Capture fd 1 and 2 from now on (once per process): subprocesses, os.write, C++ logs."""
+        if self.fds is None:
+            self.fds = fdcapture.FdCapture(self.deliver).start()
+            os.register_at_fork(after_in_child=self._forget_in_child)
+
+    def _forget_in_child(self) -> None:
+        # A forked child (a DataLoader worker) prints straight to fd 1 and 2,
+        # which still are our pipes: its output reaches this rank's recorder.
+        self.lock = threading.Lock()
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+
+    def begin(self, recorder: _Recorder) -> None:
+        """Send output to ``recorder``; what came between cells goes first, under a note."""
+        if self.fds is not None:
+            self.fds.drain()            # what is in the pipes now came before this cell
+        with self.lock:
+            idle, self.sink = self.idle, recorder
+            self.idle = _Recorder(KEEP_IDLE, KEEP_IDLE)
+        events = idle.events
+        if events:
+            recorder.text("stdout", BETWEEN_CELLS_NOTE)
+            for event in events:
+                if event[0] == "display":
+                    recorder.display(event[1], event[2])
+                else:
+                    recorder.text(event[0], event[1])
+
+    def end(self) -> None:
+        """The cell is over: collect what it wrote to fd 1 and 2, then record between cells."""
+        if self.fds is not None:
+            self.fds.drain()
+        with self.lock:
+            self.sink = self.idle
+
+
+_output = _Output()
+
+
 class _Stream:
-    def __init__(self, recorder: _Recorder, name: str) -> None:
-        self.recorder, self.name = recorder, name
+    """``sys.stdout`` or ``sys.stderr`` of a rank: writes go to the current recorder."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.fd = 1 if name == "stdout" else 2
 
     def write(self, data: str) -> int:
-        self.recorder.text(self.name, data)
+        with _output.lock:
+            _output.sink.text(self.name, data)
         return len(data)
 
     def flush(self) -> None:
@@ -293,9 +369,22 @@ class _Stream:
     def isatty(self) -> bool:
         return False
 
+    def fileno(self) -> int:
+        """fd 1 or 2 once they are captured (faulthandler, subprocess(stdout=sys.stdout))."""
+        if _output.fds is None:
+            raise io.UnsupportedOperation("fileno")
+        return self.fd
+
+    def __getattr__(self, name: str) -> Any:
+        # What ipykernel asks of its own stream (set_parent, encoding, ...).
+        return getattr(_output.originals[self.fd - 1], name)
+
+
+_STDOUT, _STDERR = _Stream("stdout"), _Stream("stderr")
+
 
 class _capture:
-    """Context manager: route print, warnings and display() into a _Recorder."""
+    """Context manager: route print, fd 1 and 2, warnings and display() into a _Recorder."""
 
     def __init__(self, recorder: _Recorder) -> None:
         self.recorder = recorder
@@ -305,21 +394,29 @@ class _capture:
         self.pump = live.Pump(publish).start() if publish is not None else None
         if self.pump is not None:
             self.recorder.live = self.pump.chunks
-        self.saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Stream(self.recorder, "stdout"), _Stream(self.recorder, "stderr")
+        if not isinstance(sys.stdout, _Stream):
+            _output.originals = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _STDOUT, _STDERR
+        _output.begin(self.recorder)
         shell = _shell()
         if shell is not None:
             self.saved_publish = shell.display_pub.publish
             recorder = self.recorder
-            shell.display_pub.publish = (
-                lambda data, metadata=None, *a, **k: recorder.display(data, metadata))
+
+            def publish(data, metadata=None, *args, **kwargs) -> None:
+                with _output.lock:
+                    recorder.display(data, metadata)
+            shell.display_pub.publish = publish
         return self.recorder
 
     def __exit__(self, *exc) -> None:
+        _output.end()
         if self.pump is not None:
             self.pump.stop()
             self.recorder.live = None
-        sys.stdout, sys.stderr = self.saved
+        if _output.fds is None:
+            sys.stdout, sys.stderr = _output.originals
+        # else: a rank keeps recording between cells (a background thread's print).
         shell = _shell()
         if shell is not None:
             shell.display_pub.publish = self.saved_publish
