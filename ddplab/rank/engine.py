@@ -208,16 +208,17 @@ class _Recorder:
             self.text(stream, data[cut:])
             return
         else:
-            items = self._tail
             self._tail_size += size
+            self._append(self._tail, stream, data)
+            # Trim in batches (amortized O(1)), after appending: one write larger
+            # than the tail (fd-level output comes in chunks of a megabyte) is cut too.
+            if self._tail_size > 2 * self._tail_max:
+                self._trim()
+            return
         if items and items[-1][0] == stream:
             items[-1][1].append(data)
         else:
             items.append([stream, collections.deque([data])])
-        # Trim in batches (amortized O(1)), after appending: one write larger
-        # than the tail (fd-level output comes in chunks of a megabyte) is cut too.
-        if items is self._tail and self._tail_size > 2 * self._tail_max:
-            self._trim()
 
     @staticmethod
     def _append(items, stream: str, data: str) -> None:
@@ -242,6 +243,22 @@ class _Recorder:
             self.dropped_chars += len(cut)
             self.dropped_lines += cut.count("\n")
             self._tail_size -= len(cut)
+
+    def absorb(self, other: "_Recorder") -> None:
+        """Append everything ``other`` recorded (its kept text, and what it dropped)."""
+        if not other._head and not other._tail:
+            return
+        screen, self.live = self.live, None      # the live view had this text already
+        try:
+            for item in [*other._head, *other._tail]:
+                if item[0] == "display":
+                    self.display(item[1], item[2])
+                else:
+                    self.text(item[0], "".join(item[1]))
+        finally:
+            self.live = screen
+        self.dropped_chars += other.dropped_chars
+        self.dropped_lines += other.dropped_lines
 
     def display(self, data: dict, metadata: dict | None) -> None:
         target = self._head if self._head_left > 0 else self._tail
@@ -295,22 +312,47 @@ BETWEEN_CELLS_NOTE = "[ddplab: this rank wrote this between cells, after its pre
 class _Output:
     """Where this rank's output goes now: a cell's recorder, or between cells the idle one.
 
-    One lock orders every writer: ``print`` on any thread, and the fd reader
-    (``fdcapture``). Without it two threads could interleave inside one
-    recorder update and put text in the wrong stream.
+    ``print`` (``_Stream.write``) calls the current recorder's ``text`` with no
+    lock and no check: that path costs what it did before fd capture. The fd
+    reader thread (``fdcapture``) never touches that recorder; it fills
+    ``inbox`` (a capped recorder of its own, under ``inbox_lock``) and points
+    the streams at ``_merge_then_write``. So the next ``print`` (or
+    ``display``, or the cell's end) first moves the inbox into the recorder
+    (``merge``): fd-level text lands where the rank was when it arrived,
+    memory stays capped however much a subprocess writes while the rank
+    waits, and the live view still gets the text at once.
     """
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.inbox_lock = threading.Lock()
+        self.inbox = _Recorder()
+        self.dirty = False                  # the inbox holds text not merged yet
         self.idle = _Recorder(KEEP_IDLE, KEEP_IDLE)
         self.sink = self.idle
         self.fds: fdcapture.FdCapture | None = None   # set once this engine is a rank
         self.originals: tuple = (sys.stdout, sys.stderr)
 
     def deliver(self, stream: str, text: str) -> None:
-        """fdcapture's sink: text that arrived on fd 1 or 2."""
-        with self.lock:
-            self.sink.text(stream, text)
+        """fdcapture's sink (reader thread, or a drain): text that arrived on fd 1 or 2."""
+        with self.inbox_lock:
+            self.inbox.text(stream, text)
+            if not self.dirty:
+                self.dirty = True
+                _STDOUT.emit = _STDERR.emit = self._merge_then_write
+        screen = self.sink.live
+        if screen is not None:              # a deque: appending from this thread is safe
+            screen.append(text)
+
+    def merge(self) -> None:
+        """Move what fd 1 and 2 brought so far into the current recorder, in order."""
+        with self.inbox_lock:
+            inbox, self.inbox, self.dirty = self.inbox, _Recorder(), False
+            _STDOUT.emit = _STDERR.emit = self.sink.text
+        self.sink.absorb(inbox)
+
+    def _merge_then_write(self, stream: str, data: str) -> None:
+        self.merge()
+        self.sink.text(stream, data)
 
     def capture_fds(self) -> None:
         """Capture fd 1 and 2 from now on (once per process): subprocesses, os.write, C++ logs."""
@@ -321,16 +363,22 @@ class _Output:
     def _forget_in_child(self) -> None:
         # A forked child (a DataLoader worker) prints straight to fd 1 and 2,
         # which still are our pipes: its output reaches this rank's recorder.
-        self.lock = threading.Lock()
+        self.inbox_lock = threading.Lock()
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+
+    def _point_at(self, recorder: _Recorder) -> None:
+        with self.inbox_lock:
+            self.sink = recorder
+            _STDOUT.emit = _STDERR.emit = self._merge_then_write if self.dirty else recorder.text
 
     def begin(self, recorder: _Recorder) -> None:
         """Send output to ``recorder``; what came between cells goes first, under a note."""
         if self.fds is not None:
             self.fds.drain()            # what is in the pipes now came before this cell
-        with self.lock:
-            idle, self.sink = self.idle, recorder
-            self.idle = _Recorder(KEEP_IDLE, KEEP_IDLE)
+        self.merge()
+        idle = self.idle
+        self.idle = _Recorder(KEEP_IDLE, KEEP_IDLE)
+        self._point_at(recorder)
         events = idle.events
         if events:
             recorder.text("stdout", BETWEEN_CELLS_NOTE)
@@ -344,23 +392,28 @@ class _Output:
         """The cell is over: collect what it wrote to fd 1 and 2, then record between cells."""
         if self.fds is not None:
             self.fds.drain()
-        with self.lock:
-            self.sink = self.idle
-
-
-_output = _Output()
+        self.merge()
+        self._point_at(self.idle)
 
 
 class _Stream:
-    """``sys.stdout`` or ``sys.stderr`` of a rank: writes go to the current recorder."""
+    """``sys.stdout`` or ``sys.stderr`` of a rank: writes go to the current recorder.
+
+    No ``__getattr__`` passing other names on to ipykernel's stream: ``print``
+    looks up a name that is missing, and the fallback made every print slower.
+    """
+
+    encoding = "utf-8"
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.fd = 1 if name == "stdout" else 2
+        #: ``recorder.text`` of the current recorder; ``_Output`` points it
+        #: elsewhere while fd 1 or 2 has brought text that must go first.
+        self.emit: Callable[[str, str], None] = lambda stream, data: None
 
     def write(self, data: str) -> int:
-        with _output.lock:
-            _output.sink.text(self.name, data)
+        self.emit(self.name, data)
         return len(data)
 
     def flush(self) -> None:
@@ -375,12 +428,10 @@ class _Stream:
             raise io.UnsupportedOperation("fileno")
         return self.fd
 
-    def __getattr__(self, name: str) -> Any:
-        # What ipykernel asks of its own stream (set_parent, encoding, ...).
-        return getattr(_output.originals[self.fd - 1], name)
-
 
 _STDOUT, _STDERR = _Stream("stdout"), _Stream("stderr")
+_output = _Output()
+_output.end()                                   # between cells until the first one
 
 
 class _capture:
@@ -404,8 +455,9 @@ class _capture:
             recorder = self.recorder
 
             def publish(data, metadata=None, *args, **kwargs) -> None:
-                with _output.lock:
-                    recorder.display(data, metadata)
+                if _output.dirty:
+                    _output.merge()
+                recorder.display(data, metadata)
             shell.display_pub.publish = publish
         return self.recorder
 
