@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import contextlib
 import datetime
 import faulthandler
 import io
@@ -25,7 +26,7 @@ import signal
 import sys
 import threading
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import fdcapture, live
 
@@ -327,6 +328,7 @@ class _Output:
         self.inbox_lock = threading.Lock()
         self.inbox = _Recorder()
         self.dirty = False                  # the inbox holds text not merged yet
+        self.hiding = 0                     # inside hide_fd_output(): fd-level text is dropped
         self.idle = _Recorder(KEEP_IDLE, KEEP_IDLE)
         self.sink = self.idle
         self.fds: fdcapture.FdCapture | None = None   # set once this engine is a rank
@@ -334,6 +336,8 @@ class _Output:
 
     def deliver(self, stream: str, text: str) -> None:
         """fdcapture's sink (reader thread, or a drain): text that arrived on fd 1 or 2."""
+        if self.hiding:
+            return
         with self.inbox_lock:
             self.inbox.text(stream, text)
             if not self.dirty:
@@ -432,6 +436,27 @@ class _Stream:
 _STDOUT, _STDERR = _Stream("stdout"), _Stream("stderr")
 _output = _Output()
 _output.end()                                   # between cells until the first one
+
+
+@contextlib.contextmanager
+def hide_fd_output() -> Iterator[None]:
+    """On a rank: drop what fd 1 and 2 receive inside the block; ``print`` still shows.
+
+    For ddplab's own checkers, which provoke C++ log lines on purpose (a store
+    wait that must time out logs an error with a timestamp): a passing check
+    shows its one fixed line, not that noise. Student code never needs it.
+    """
+    fds = _output.fds
+    if fds is None:
+        yield
+        return
+    fds.drain()
+    _output.hiding += 1
+    try:
+        yield
+    finally:
+        fds.drain()
+        _output.hiding -= 1
 
 
 class _capture:
