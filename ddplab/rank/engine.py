@@ -210,7 +210,11 @@ class _Recorder:
             return
         else:
             self._tail_size += size
-            self._append(self._tail, stream, data)
+            tail = self._tail
+            if tail and tail[-1][0] == stream:      # inlined: this is the hot path of a flood
+                tail[-1][1].append(data)
+            else:
+                tail.append([stream, collections.deque([data])])
             # Trim in batches (amortized O(1)), after appending: one write larger
             # than the tail (fd-level output comes in chunks of a megabyte) is cut too.
             if self._tail_size > 2 * self._tail_max:
