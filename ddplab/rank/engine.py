@@ -8,7 +8,12 @@ failure into ``RankError``. That keeps "your code failed on rank 1" apart from
 Output of a cell is recorded here, in the order it was produced on this rank
 (stdout, stderr and rich display interleaved), and replayed by the kernel
 under a ``[rank N]`` label, in rank order. That is what makes the notebook's
-stored output identical from run to run.
+stored output identical from run to run. What bypasses ``sys.stdout`` (a
+subprocess, ``os.write``, C++ logs on fd 1 and 2) joins the same record through
+``fdcapture``; what a rank writes between cells opens its next cell's output,
+under ``BETWEEN_CELLS_NOTE`` (kept, not dropped: a late gloo warning or a
+background thread's message is often the clue to what went wrong, and it is
+capped at ``KEEP_IDLE`` characters).
 """
 
 from __future__ import annotations
