@@ -10,7 +10,7 @@ run it:
 
 Each figure is the time from sending the cell to the kernel going idle with
 every output message received, so it includes getting the text to the front
-end. Past ``ddplab.rank.engine.KEEP_HEAD + KEEP_TAIL`` characters (1 MiB) a
+end. Past ``ddplab.rank.output.KEEP_HEAD + KEEP_TAIL`` characters (1 MiB) a
 rank keeps only the head and the tail, so the ddplab side sends less for 100k
 and 1M lines: the plain kernel sends the whole 23 MB.
 

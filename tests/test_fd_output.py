@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ddplab.rank import engine
+from ddplab.rank import output
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +99,7 @@ def test_an_fd_flood_is_capped_with_a_note_keeping_head_and_tail(fresh_lab, caps
     assert "[rank 1]" not in out
     note = [line for line in out.splitlines() if line.startswith("[ddplab: output truncated")]
     assert len(note) == 1, note
-    assert len(out) < engine.KEEP_HEAD + engine.KEEP_TAIL + 1000
+    assert len(out) < output.KEEP_HEAD + output.KEEP_TAIL + 1000
 
 
 def _wait_for(path, what: str, timeout: float) -> None:
@@ -127,7 +127,7 @@ def test_output_written_between_cells_opens_the_next_cell(fresh_lab, tmp_path, m
         _wait_for(f"{done}{rank}", f"rank {rank}'s thread", fresh_lab.spec.timeout)
     fresh_lab.run_cell("print(f'cell 2 on {rank}')")
     assert merged.readouterr().out == "".join(
-        f"[rank {r}]\n{engine.BETWEEN_CELLS_NOTE}late print {r}\nlate fd2 {r}\ncell 2 on {r}\n"
+        f"[rank {r}]\n{output.BETWEEN_CELLS_NOTE}late print {r}\nlate fd2 {r}\ncell 2 on {r}\n"
         for r in (0, 1))
     fresh_lab.run_cell("print('cell 3')")        # told once, then gone
     assert merged.readouterr().out == "[rank 0]\ncell 3\n[rank 1]\ncell 3\n"

@@ -41,7 +41,7 @@ def _barrier_round(fn: Callable, port: int, prefix: str, world_size: int, timeou
 
     import torch.distributed as dist
 
-    from ..rank.engine import hide_fd_output
+    from ..rank.output import hide_fd_output
     client = dist.TCPStore("127.0.0.1", port, is_master=False,
                            timeout=datetime.timedelta(seconds=timeout_s))
     try:
