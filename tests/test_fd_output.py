@@ -147,3 +147,23 @@ def test_a_subprocess_given_sys_stdout_writes_into_the_rank_output(fresh_lab, me
     fresh_lab.run_cell("import subprocess, sys\n"
                        "subprocess.run(['echo', f'via fileno {rank}'], stdout=sys.stdout);")
     assert merged.readouterr().out == "[rank 0]\nvia fileno 0\n[rank 1]\nvia fileno 1\n"
+
+
+def test_recorder_takes_writes_larger_than_its_tail_and_absorbs_an_inbox():
+    # fd-level text arrives in chunks of up to a megabyte: one write can be
+    # larger than the whole tail (this raised IndexError before).
+    recorder = output.Recorder(head=10, tail=10)
+    recorder.text("stdout", "head\n")
+    recorder.text("stdout", "".join(f"{i:03}\n" for i in range(100)))
+    events = recorder.events
+    assert events[0][1].startswith("head\n000\n0\n[ddplab: output truncated")
+    assert events[0][1].endswith("characters]\n098\n099\n")
+    inbox = output.Recorder(head=4, tail=4)
+    inbox.text("stderr", "".join(f"e{i}\n" for i in range(10)))
+    target = output.Recorder()
+    target.text("stdout", "before\n")
+    target.absorb(inbox)
+    target.text("stdout", "after\n")
+    kinds = [e[0] for e in target.events]
+    assert kinds == ["stdout", "stderr", "stdout"], target.events
+    assert target.dropped_chars == inbox.dropped_chars > 0

@@ -1,6 +1,6 @@
 """What a rank writes to file descriptors 1 and 2, captured like its ``print`` output.
 
-``print`` goes through ``sys.stdout``, which ``engine.py`` replaces by a
+``print`` goes through ``sys.stdout``, which ``output.py`` points at a
 recorder. Much of what a rank shows never passes through Python's
 ``sys.stdout``: a child process (``subprocess.run(['echo', 'hi'])``),
 ``os.write(1, ...)``, C and C++ code (gloo's and NCCL's warnings, written to
@@ -29,8 +29,8 @@ belongs to the time between cells) and when it ends, before the cell's result
 goes back. It flushes Python's and C's own buffers of fd 1 and 2, then reads
 every byte already in the pipes, so the tail is never lost. Text on one
 descriptor keeps its order; a cell whose output all comes from one place (a
-subprocess, gloo, ``os.write``) stores the same text on every run; and each
-piece of fd-level text is shown whole, under its rank.
+subprocess, gloo, ``os.write``) stores the same text on every run; and all of
+it shows under its rank's label, in rank order.
 """
 
 from __future__ import annotations
@@ -50,10 +50,15 @@ CHUNK = 1 << 20
 STREAMS = {1: "stdout", 2: "stderr"}
 
 
+_libc: list = []                 # the C library, loaded once
+
+
 def _flush_c_stdio() -> None:
     """Flush C's ``stdout``/``stderr`` buffers (``printf`` in a C extension)."""
     try:
-        ctypes.CDLL(None).fflush(None)
+        if not _libc:
+            _libc.append(ctypes.CDLL(None))
+        _libc[0].fflush(None)
     except (OSError, AttributeError):
         pass
 
