@@ -5,7 +5,7 @@ import time
 import pytest
 
 import ddplab
-from ddplab.rank import engine, live
+from ddplab.rank import live, output
 
 pytestmark = pytest.mark.slow
 
@@ -42,14 +42,14 @@ def test_a_flood_is_capped_with_a_note_keeping_head_and_tail(fresh_lab, capsys):
     note = [line for line in out.splitlines() if line.startswith("[ddplab: output truncated")]
     assert len(note) == 1, note
     assert "lines (" in note[0] and "characters) dropped here" in note[0]
-    assert len(out) < engine.KEEP_HEAD + engine.KEEP_TAIL + 1000
+    assert len(out) < output.KEEP_HEAD + output.KEEP_TAIL + 1000
     # Every kept line is whole: the tail starts at a line's start.
     after = out.split(note[0] + "\n")[1]
     assert after.split("\n", 1)[0].endswith(" " + "x" * 99)
 
 
 def test_recorder_keeps_order_of_streams_and_is_linear():
-    recorder = engine._Recorder(head=10, tail=10)
+    recorder = output.Recorder(head=10, tail=10)
     for chunk in ["aaaa\n", "bbbb\n", "cccc\n", "dddd\n", "eeee\n"]:
         recorder.text("stdout", chunk)
     recorder.text("stderr", "err\n")
@@ -57,7 +57,7 @@ def test_recorder_keeps_order_of_streams_and_is_linear():
     assert events[0][0] == "stdout" and events[0][1].startswith("aaaa\nbbbb\n[ddplab: output truncated")
     assert events[0][1].endswith("characters]\neeee\n")
     assert events[1] == ("stderr", "err\n")
-    small = engine._Recorder()
+    small = output.Recorder()
     small.text("stdout", "a")
     small.display({"text/plain": "1"}, None)
     small.text("stdout", "b")

@@ -40,10 +40,13 @@ def _barrier_round(fn: Callable, port: int, prefix: str, world_size: int, timeou
     import datetime
 
     import torch.distributed as dist
+
+    from ..rank.output import hide_fd_output
     client = dist.TCPStore("127.0.0.1", port, is_master=False,
                            timeout=datetime.timedelta(seconds=timeout_s))
     try:
-        fn(dist.PrefixStore(prefix, client), world_size)
+        with hide_fd_output():       # the timeout round makes c10d log an error, by design
+            fn(dist.PrefixStore(prefix, client), world_size)
         return "returned"
     except dist.DistStoreError as exc:
         return "timed out" if "timeout" in str(exc).lower() else f"raised DistStoreError: {exc}"

@@ -2,6 +2,8 @@
 
 - ``engine``: runs a cell or function on a rank, records its output in order,
   joins and leaves the process group, dumps a stuck rank's stack.
+- ``fdcapture``: routes what the rank writes to fd 1 and 2 (subprocesses,
+  ``os.write``, gloo's and NCCL's C++ logs) into the same recorder as ``print``.
 - ``trace``: while ``lab.trace()`` runs, records this rank's torch.distributed
   operations (Python calls and the c10d ops torch issues itself, DDP's included).
 - ``guard``: the wrapper every controller and engine process runs under

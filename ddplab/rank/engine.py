@@ -5,16 +5,16 @@ data (a dict), never raises on a user error: the kernel turns a returned
 failure into ``RankError``. That keeps "your code failed on rank 1" apart from
 "the engine itself is broken".
 
-Output of a cell is recorded here, in the order it was produced on this rank
-(stdout, stderr and rich display interleaved), and replayed by the kernel
-under a ``[rank N]`` label, in rank order. That is what makes the notebook's
-stored output identical from run to run.
+Output of a cell is recorded by ``output`` (``capture``), in the order it
+was produced on this rank (stdout, stderr, rich display, and through
+``fdcapture`` what bypasses Python: subprocesses, ``os.write``, C++ logs), and
+replayed by the kernel under a ``[rank N]`` label, in rank order. That is what
+makes the notebook's stored output identical from run to run.
 """
 
 from __future__ import annotations
 
 import ast
-import collections
 import datetime
 import faulthandler
 import linecache
@@ -25,7 +25,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from . import live
+from . import output
 
 #: Filenames of cells compiled on a rank look like this; the hang diagnosis
 #: finds the cell's line in a stack dump by this prefix.
@@ -92,6 +92,9 @@ def _watch_stack(stack_file: str, kernel_path: list[str]) -> None:
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
     _state["stack_file"] = stack
     _state["in_lab"] = True          # what in_lab() reports, on one host or several
+    # From now on what the rank writes to fd 1 and 2 (subprocesses, os.write,
+    # gloo's C++ warnings) is shown with its prints, not lost in a log file.
+    output.capture_fds()
 
 
 def in_lab() -> bool:
@@ -160,171 +163,6 @@ def join_group(rank: int, world_size: int, env: dict[str, str], backend: str,
     return {"rank": dist.get_rank(), "pid": os.getpid()}
 
 
-#: How much of a cell's text one rank keeps: the first ``KEEP_HEAD`` and the
-#: last ``KEEP_TAIL`` characters. What lies between is dropped and replaced
-#: by one "output truncated" line, so a print loop never slows the rank down
-#: nor floods the notebook (a notebook output of megabytes is unreadable anyway).
-KEEP_HEAD = 512 * 1024
-KEEP_TAIL = 512 * 1024
-
-
-class _Recorder:
-    """Collects a cell's output as an ordered list of events, in time linear in its size.
-
-    Events are ``("stdout", text)``, ``("stderr", text)`` and
-    ``("display", data, metadata)``; adjacent text of one stream is merged.
-    Text is kept as a list of chunks and joined once, in ``events``: joining
-    at every write would copy everything printed so far each time.
-    Past ``KEEP_HEAD`` characters, new output goes to a tail that keeps only
-    the last ``KEEP_TAIL`` characters; ``events`` then holds the head, a note
-    saying how much was dropped, and the tail.
-    """
-
-    def __init__(self, head: int = KEEP_HEAD, tail: int = KEEP_TAIL) -> None:
-        self._head: list[list] = []          # [stream, [chunks]] or ["display", data, metadata]
-        self._tail: collections.deque = collections.deque()   # same items, oldest first
-        self._head_max, self._tail_max = head, tail
-        self._head_left, self._tail_size = head, 0
-        self.dropped_chars = self.dropped_lines = 0
-        self.live: collections.deque | None = None    # a live.Pump's chunks, while one runs
-
-    def text(self, stream: str, data: str) -> None:
-        size = len(data)
-        if not size:
-            return
-        if self.live is not None:
-            self.live.append(data)
-        if size <= self._head_left:
-            self._head_left -= size
-            items = self._head
-        elif self._head_left > 0:               # the head fills up inside this write
-            cut, self._head_left = self._head_left, 0
-            self._append(self._head, stream, data[:cut])
-            self.text(stream, data[cut:])
-            return
-        else:
-            items = self._tail
-            self._tail_size += size
-            if self._tail_size > 2 * self._tail_max:    # trim in batches: amortized O(1)
-                self._trim()
-        if items and items[-1][0] == stream:
-            items[-1][1].append(data)
-        else:
-            items.append([stream, collections.deque([data])])
-
-    @staticmethod
-    def _append(items, stream: str, data: str) -> None:
-        if items and items[-1][0] == stream:
-            items[-1][1].append(data)
-        else:
-            items.append([stream, collections.deque([data])])
-
-    def _trim(self) -> None:
-        """Drop the oldest tail text until the tail holds at most its limit."""
-        while self._tail_size > self._tail_max:
-            item = self._tail[0]
-            if item[0] == "display":          # a display in the dropped stretch goes too
-                self._tail.popleft()
-                continue
-            text, excess = "".join(item[1]), self._tail_size - self._tail_max
-            if len(text) <= excess:
-                self._tail.popleft()
-                cut = text
-            else:
-                cut, item[1] = text[:excess], collections.deque([text[excess:]])
-            self.dropped_chars += len(cut)
-            self.dropped_lines += cut.count("\n")
-            self._tail_size -= len(cut)
-
-    def display(self, data: dict, metadata: dict | None) -> None:
-        target = self._head if self._head_left > 0 else self._tail
-        target.append(["display", data, metadata or {}])
-
-    @property
-    def truncated(self) -> bool:
-        return self.dropped_chars > 0
-
-    @property
-    def events(self) -> list[tuple]:
-        self._trim()
-        items, tail = list(self._head), [list(i) for i in self._tail]
-        if self.truncated:
-            note = self.truncation_note()
-            last = next((i for i in reversed(items) if i[0] != "display"), None)
-            if last is None or last[1][-1].endswith("\n"):
-                note = note[1:]
-            items.append(["stdout", [note]])
-            first = next((i for i in tail if i[0] != "display"), None)
-            if first is not None:                 # start the tail at a line's start
-                text = "".join(first[1])
-                first[1] = [text[text.find("\n") + 1:]] if "\n" in text[:-1] else [text]
-        items += tail
-        events: list[tuple] = []
-        for item in items:
-            if item[0] == "display":
-                events.append(tuple(item))
-                continue
-            text = "".join(item[1])
-            if not text:
-                continue
-            if events and events[-1][0] == item[0]:
-                events[-1] = (item[0], events[-1][1] + text)
-            else:
-                events.append((item[0], text))
-        return events
-
-    def truncation_note(self) -> str:
-        return (f"\n[ddplab: output truncated: about {self.dropped_lines:,} lines "
-                f"({self.dropped_chars:,} characters) dropped here; kept the first "
-                f"{self._head_max:,} and the last {self._tail_max:,} characters]\n")
-
-
-class _Stream:
-    def __init__(self, recorder: _Recorder, name: str) -> None:
-        self.recorder, self.name = recorder, name
-
-    def write(self, data: str) -> int:
-        self.recorder.text(self.name, data)
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-
-class _capture:
-    """Context manager: route print, warnings and display() into a _Recorder."""
-
-    def __init__(self, recorder: _Recorder) -> None:
-        self.recorder = recorder
-
-    def __enter__(self) -> _Recorder:
-        publish = live.publisher()
-        self.pump = live.Pump(publish).start() if publish is not None else None
-        if self.pump is not None:
-            self.recorder.live = self.pump.chunks
-        self.saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Stream(self.recorder, "stdout"), _Stream(self.recorder, "stderr")
-        shell = _shell()
-        if shell is not None:
-            self.saved_publish = shell.display_pub.publish
-            recorder = self.recorder
-            shell.display_pub.publish = (
-                lambda data, metadata=None, *a, **k: recorder.display(data, metadata))
-        return self.recorder
-
-    def __exit__(self, *exc) -> None:
-        if self.pump is not None:
-            self.pump.stop()
-            self.recorder.live = None
-        sys.stdout, sys.stderr = self.saved
-        shell = _shell()
-        if shell is not None:
-            shell.display_pub.publish = self.saved_publish
-
-
 def _format_error(exc: BaseException, keep: Callable[[str], bool]) -> str:
     """A plain-text traceback with ddplab's own frames removed."""
     tb = exc.__traceback__
@@ -380,9 +218,9 @@ def run_cell(source: str) -> dict:
     code = shell.transform_cell(source) if shell is not None else source
     # Register the source so tracebacks and stack dumps can show cell lines.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    recorder = _Recorder()
+    recorder = output.Recorder()
     error = None
-    with _capture(recorder):
+    with output.capture(recorder):
         try:
             tree = ast.parse(code, filename)
             last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
@@ -399,9 +237,9 @@ def run_cell(source: str) -> dict:
 
 def call(fn: Callable, args: tuple, kwargs: dict) -> dict:
     """Call ``fn(*args, **kwargs)`` with its output recorded; see run_cell."""
-    recorder = _Recorder()
+    recorder = output.Recorder()
     value, error = None, None
-    with _capture(recorder):
+    with output.capture(recorder):
         try:
             value = fn(*args, **kwargs)
         except BaseException as exc:
