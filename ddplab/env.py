@@ -61,8 +61,9 @@ def omp_threads(local_world_size: int, cpu_count: int | None = None) -> int:
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (the OS picks it).
 
-    Another process can take it before you bind it; ddplab itself avoids that
-    race by letting rank 0's TCPStore bind port 0 and reporting the port it got.
+    Another process can take it before you bind it. ddplab's own rendezvous
+    avoids that race: a local lab needs no port (its store is a file), and a
+    multi-host lab's rank 0 binds port 0 for its TCPStore and reports the port it got.
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))

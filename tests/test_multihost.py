@@ -229,6 +229,16 @@ def _all_reduce_rank_tensors():
     return t
 
 
+def _default_store_kind():
+    from torch.distributed import distributed_c10d
+    return type(distributed_c10d._get_default_store().underlying_store).__name__
+
+
+def test_a_multihost_lab_still_meets_at_a_tcpstore(hosts_lab):
+    # A local lab meets in an owner-only FileStore; a file cannot span hosts.
+    assert hosts_lab[0].run(_default_store_kind) == ["TCPStore"] * 4
+
+
 def test_an_attached_lab_restarts_on_the_same_engines(hosts_lab):
     # A second group on the same engines: rank 0's new store must not lose its socket
     # when the first store's is closed (engine.open_store hands the descriptor over).

@@ -5,10 +5,11 @@ Lifecycle
 ``lab = ddplab.start(world_size=2)`` starts, through ipyparallel's Cluster API,
 one controller and one engine process per rank, all on 127.0.0.1. Each engine
 gets the environment torchrun would give it (RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, OMP_NUM_THREADS) and calls
-``init_process_group``: by default through a TCPStore that rank 0 opens on a
-port it bound first (race-free); ``start(init_method="env" | "tcp" | "file")``
-uses torch's own ``env://``, ``tcp://`` or ``file://`` instead. ddplab numbers the
+LOCAL_WORLD_SIZE, OMP_NUM_THREADS; MASTER_ADDR and MASTER_PORT where a store
+listens) and calls ``init_process_group``: by default through a FileStore in the
+lab's owner-only directory, which no other user of the machine can reach;
+``start(init_method="env" | "tcp" | "file")`` uses torch's own ``env://``,
+``tcp://`` or ``file://`` instead. ddplab numbers the
 ranks itself, 0..N-1, and every result and every line of output is keyed and
 ordered by that rank.
 

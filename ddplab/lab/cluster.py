@@ -86,7 +86,10 @@ class Lab:
         self._dir = ""
         self._pending: list[Task] = []
         self._broken = ""                  # why the lab needs a restart, if it does
-        self._groups = 0                   # process groups formed: names each file:// init file
+        self._groups = 0                   # process groups formed: names each store and init file
+        #: The file of the default rendezvous' FileStore, in the lab's 0700
+        #: directory: the latest group's ("" before any); gone after stop().
+        self.store_path = ""
 
     # ---------------------------------------------------------------- lifecycle
     @property
@@ -227,30 +230,30 @@ class Lab:
             self._handles = [procs.process(pid) for pid in self._pids]
             return
         pid_results = [view.apply_async(engine.pid) for view in views]
-        method, url = self.spec.init_method, None
-        if method == "store":
-            port_result = views[0].apply_async(engine.open_store, HOST, n, self.spec.pg_timeout)
+        method, url, store_path, port = self.spec.init_method, None, None, 0
         self._pids = [r.get(timeout) for r in pid_results]
         self._handles = [procs.process(pid) for pid in self._pids]
+        # A fresh file for every group (named by the group's number): one left
+        # over from an earlier group already holds its keys, and the new group
+        # deadlocks.
         if method == "store":
-            port = port_result.get(timeout)
+            self._groups += 1
+            store_path = self.store_path = private_file(self._dir, f"store-{self._groups}")
         elif method in ("env", "tcp"):
-            # torch's rank 0 binds this port itself, a moment from now; the
-            # "store" default avoids that small race by binding first.
+            # torch's rank 0 binds this port itself, a moment from now: another
+            # program could take it first.
             port = free_port(HOST)
             url = "env://" if method == "env" else f"tcp://{HOST}:{port}"
         else:
-            # A fresh file for every group: one left over from an earlier
-            # group already holds its keys, and the new group deadlocks.
             self._groups += 1
             url = "file://" + os.path.join(self._dir, f"init-file-{self._groups}")
         tasks = []
         for rank in range(n):
-            env = worker_env(rank, n, HOST, port if method != "file" else 0)
-            if method == "file":        # nobody listens anywhere: say so by leaving them out
+            env = worker_env(rank, n, HOST, port)
+            if method in ("store", "file"):   # nobody listens anywhere: say so by leaving them out
                 del env["MASTER_ADDR"], env["MASTER_PORT"]
             args = (rank, n, env, self.backend, self.spec.pg_timeout, self._stack_file(rank),
-                    [p for p in sys.path if p], url)
+                    [p for p in sys.path if p], url, store_path)
             tasks.append(Task(rank, self._call(rank, engine.call, engine.join_group, args, {})))
         self._await_join(tasks, timeout)
 
@@ -357,8 +360,8 @@ class Lab:
         old_ids = set(self._client.ids)
         self._kill_engines(cluster)
         cluster.stop_engines_sync()          # forget the dead engines' launchers
-        for name in os.listdir(self._dir):   # a reused init file would deadlock the new group
-            if name.startswith(("init-file", "stack-rank")):
+        for name in os.listdir(self._dir):   # a reused store file would deadlock the new group
+            if name.startswith(("init-file", "store-", "stack-rank")):
                 os.remove(os.path.join(self._dir, name))
         cluster.start_engines_sync(n=n)
         # The hub forgets the old engines a few heartbeats later; do not wait for
@@ -715,6 +718,18 @@ class Lab:
         self._broken = "ranks are stuck after a hang."
         lines.append("Stuck ranks cannot be freed from inside. Recover with: lab.restart()")
         return HangError("\n".join(lines), states, where, stacks)
+
+
+def private_file(directory: str, name: str) -> str:
+    """Create the empty file ``directory/name``, readable and writable by its owner only.
+
+    The lab's rendezvous store lives in it. ``FileStore`` would create the file
+    itself, but with mode 0644 (less the umask); made here first, it stays 0600,
+    a second lock besides the 0700 directory.
+    """
+    path = os.path.join(directory, name)
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    return path
 
 
 def _failures(tasks: list[Task]) -> dict[int, str]:

@@ -15,7 +15,9 @@ How a multi-host lab forms
    its hostname, its network interface and its GPU count (``hosts.describe_engine``).
 3. Ranks are ordered by host, then local rank (``hosts.place``): hosts in the
    order you listed them, else by address; engines of one host by id.
-4. Rank 0 opens the TCPStore on *its host's address* (not 0.0.0.0); every rank
+4. Rank 0 opens the TCPStore on *its host's address* (not 0.0.0.0). A local
+   lab meets in an owner-only FileStore instead; a file cannot span hosts
+   (short of a shared file system), so here the store listens. Every rank
    gets torchrun's variables, MASTER_ADDR = that address, LOCAL_RANK and
    LOCAL_WORLD_SIZE per host, GLOO_SOCKET_IFNAME = the interface that carries
    the hosts' addresses. With nccl each rank takes GPU LOCAL_RANK of its host.

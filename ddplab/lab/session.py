@@ -32,11 +32,15 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
     - ``init_method``: how the ranks find each other in ``init_process_group``.
       Every rank gets torchrun's variables (RANK, WORLD_SIZE, ...) whichever you pick.
 
-      - ``"store"`` (default): ``env://`` made race-free. Rank 0 opens the
-        TCPStore on a socket it has already bound to a free port of 127.0.0.1
-        (port 0: the OS picks), reports the port, and every rank calls
-        ``init_process_group(store=...)``. Two labs started at once can never
-        pick the same port, and the store listens on loopback only.
+      - ``"store"`` (default): a rendezvous no other user of the machine can
+        reach. The kernel makes a fresh, empty file (mode 0600) in the lab's
+        private directory (mode 0700), every rank opens a ``FileStore`` on it
+        and calls ``init_process_group(store=...)``. No port: nothing to collide
+        on, and nothing on 127.0.0.1 that another user could connect to, list
+        or write keys in (a TCPStore has no access control). MASTER_ADDR and
+        MASTER_PORT are not set, since nobody listens. Each start and restart
+        uses a new file (``store-N``); ``lab.stop()`` removes it with the
+        directory. Multi-host labs keep a TCPStore: a file cannot span hosts.
       - ``"env"``: ``init_process_group(init_method="env://")``, as under
         torchrun: torch reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; rank 0
         opens the store on MASTER_PORT, chosen by ``ddplab.env.free_port()``.
@@ -61,7 +65,27 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
 
       With ``"env"`` and ``"tcp"`` torch binds the port a moment after ddplab
       found it free, so another program could take it first (then rank 0 fails
-      to start its store), and torch's store listens on every interface.
+      to start its store), and torch's store listens on every interface, open
+      to anyone who can reach it, as under torchrun.
+
+      What still listens in a local lab, on 127.0.0.1 only, whichever you pick:
+
+      - gloo's sockets between the ranks (a couple of ephemeral ports per
+        rank; nccl's bootstrap sockets on a GPU machine likewise). Another
+        user of this machine can connect to them, and gloo does not
+        authenticate peers: it matches a new connection to a rank by a small
+        sequence number. Stray bytes are dropped, but someone who speaks
+        gloo's handshake and connects first while a group is forming (start,
+        restart, ``new_group``) could stand in for a rank: feed it wrong
+        tensors, or make it fail or hang (and the ``*_object`` collectives
+        unpickle what they receive). Established connections cannot be
+        taken over.
+      - ipyparallel's controller ports: anyone may connect, but every message
+        must be signed (HMAC-SHA256) with a key kept in the 0700 directory;
+        unsigned ones are dropped.
+
+      The lab's store and files are out of their reach. Where other users
+      must not even see the ports, run the lab in a container or a VM of its own.
 
     - ``hosts=["node1", "node2"]`` or ``engines="ssh"|"mpi"|"slurm"``: ranks on
       several hosts, started by ipyparallel's launchers; see ``ddplab.lab.multihost``

@@ -46,10 +46,11 @@ def namespace() -> dict:
 
 
 def open_store(host: str, world_size: int, timeout_s: float) -> int:
-    """On rank 0: start the TCPStore that every rank meets at; return its port.
+    """On rank 0 of a multi-host lab: start the TCPStore every rank meets at; return its port.
 
     Binding port 0 lets the OS pick a free port, so two labs started at the
-    same moment can never collide on MASTER_PORT.
+    same moment can never collide on MASTER_PORT. (A local lab needs no port:
+    its ranks meet in a FileStore; see ``join_group``.)
     """
     import socket
 
@@ -123,17 +124,24 @@ def stay_bare(stack_file: str, kernel_path: list[str], names: dict[str, Any]) ->
 
 def join_group(rank: int, world_size: int, env: dict[str, str], backend: str,
                timeout_s: float, stack_file: str, kernel_path: list[str] = (),
-               init_method: str | None = None) -> dict:
+               init_method: str | None = None, store_path: str | None = None) -> dict:
     """Set this rank's torchrun-style env, then ``init_process_group``.
 
     ``kernel_path`` is the notebook kernel's ``sys.path``: a function the
     kernel imported from a module can then be imported, and so run, here too.
 
-    ``init_method`` is None for ddplab's default (meet at the TCPStore that
-    ``open_store`` started), or a URL torch resolves itself: ``"env://"``
-    (reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment),
-    ``"tcp://host:port"`` or ``"file:///path"`` (these two need rank and
-    world_size passed in).
+    How the ranks meet:
+
+    - ``store_path``: a local lab's default. Every rank opens a ``FileStore``
+      on this file, which the kernel made in the lab's owner-only directory,
+      and passes it as ``init_process_group(store=...)``. No port: another
+      user of the machine cannot reach the rendezvous at all.
+    - ``init_method`` None (and no ``store_path``): a multi-host lab's default,
+      meet at the TCPStore that ``open_store`` started on rank 0's host.
+    - ``init_method`` a URL torch resolves itself: ``"env://"`` (reads RANK,
+      WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment),
+      ``"tcp://host:port"`` or ``"file:///path"`` (these two need rank and
+      world_size passed in).
 
     Also registers a faulthandler on SIGUSR1, so the kernel can ask a stuck
     rank where it is, even while it is blocked inside a C++ collective.
@@ -152,6 +160,14 @@ def join_group(rank: int, world_size: int, env: dict[str, str], backend: str,
     elif init_method is not None:
         dist.init_process_group(backend, init_method=init_method, rank=rank,
                                 world_size=world_size, timeout=timeout)
+    elif store_path is not None:
+        # The process group keeps the store (new_group, barriers and the
+        # checkers' groups meet in it too); the last rank to close it cleanly
+        # deletes the file, and lab.stop() removes the directory in any case.
+        store = dist.FileStore(store_path, world_size)
+        store.set_timeout(timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
     else:
         store = _state["store"]
         if store is None:
