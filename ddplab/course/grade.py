@@ -30,8 +30,9 @@ replaying. ``pytest --nbval-lax`` stays the way to check a notebook by hand.
 Isolation and parallelism
 -------------------------
 Each submission is graded in its own worker process (``_worker``) with its
-own kernel; ``ddplab.start()`` in that kernel starts a lab of its own on free
-ports, so submissions never share a lab. Up to ``jobs`` workers (default: the machine's cores) run at once. A
+own kernel; ``ddplab.start()`` in that kernel starts a lab of its own, so
+submissions never share a lab. Up to ``jobs`` workers run at once
+(``default_jobs``: twice the cores, as far as memory allows). A
 worker that crashes or overruns its deadline costs only its own
 submission, and is killed together with everything it started.
 """
@@ -112,6 +113,26 @@ def _reference_for(path: Path, reference: Path) -> Path:
     return candidate
 
 
+#: Memory one submission's run holds at its peak: its kernel, the lab's controller
+#: and engine template, and a 4-rank lab (notebook 01's largest), about 1.6 GB measured.
+SUBMISSION_MEMORY_BYTES = 2 * 2**30
+
+
+def default_jobs(available: int | None = None, cores: int | None = None) -> int:
+    """How many submissions to grade at once: twice the cores, as far as memory allows.
+
+    Twice, because a lesson's run spends much of its time waiting, not computing:
+    a ``%%rank`` cell's grace period, a deadlock demonstrated until its timeout,
+    ranks meeting. Measured on 2 cores, 20 submissions of notebook 01: 240 s with
+    2 at once, 184 s with 4 (``benchmarks/bench_grade.py``).
+    """
+    if available is None:
+        import psutil
+        available = psutil.virtual_memory().available
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(2 * cores, available // SUBMISSION_MEMORY_BYTES))
+
+
 def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None = None,
           cell_timeout: float = DEFAULT_CELL_TIMEOUT, progress=None) -> list[Grade]:
     """Grade every submission (files, or folders of them) in parallel; one Grade each, in order.
@@ -135,7 +156,7 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
             continue
         check_reference(ref)               # an unusable reference stops everything, now
         work.append((path, ref, ""))
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    jobs = max(1, min(jobs or default_jobs(), len(work)))
 
     def one(item) -> Grade:
         path, ref, error = item
