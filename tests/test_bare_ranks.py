@@ -8,6 +8,7 @@ both; then the lab works as one that joined by itself.
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import pytest
@@ -222,3 +223,19 @@ def test_start_init_method_none_gives_a_bare_lab():
     with ddplab.start(world_size=2, backend="gloo", timeout=30, init_method=None) as lab:
         assert lab.spec.init_method is None
         assert [f["initialized"] for f in lab.run(facts)] == [False, False]
+
+
+def test_a_wrong_port_is_a_hang_error_that_names_the_meeting_point(bare):
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))          # bound, never listening: every connect is refused
+        wrong = unused.getsockname()[1]
+        bare.run_cell(TCP_INIT.format(rank=0), ranks=[0], grace=bare.spec.grace)
+        rank_1 = TCP_INIT.format(rank=1).replace("{port}", str(wrong))
+        with pytest.raises(ddplab.HangError) as info:
+            bare.run_cell(rank_1, ranks=[1], timeout=6)
+    message = str(info.value)
+    assert "rank 0: still in init_process_group" in message
+    assert "rank 1: still in init_process_group" in message
+    assert "ranks given different ports, addresses or files" in message
+    bare.restart()
+    assert [f["initialized"] for f in bare.run(facts)] == [False, False]
