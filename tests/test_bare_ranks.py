@@ -239,3 +239,11 @@ def test_a_wrong_port_is_a_hang_error_that_names_the_meeting_point(bare):
     assert "ranks given different ports, addresses or files" in message
     bare.restart()
     assert [f["initialized"] for f in bare.run(facts)] == [False, False]
+
+
+def test_a_trace_records_a_group_the_student_made(bare):
+    bare.run_cell(TCP_INIT.format(rank="rank"))          # the student's own init, one cell
+    with bare.trace() as tr:
+        bare.run(group_sum)
+    ops = {(e.rank, e.op) for e in tr.events}
+    assert {(0, "all_reduce"), (1, "all_reduce")} <= ops, tr.events
