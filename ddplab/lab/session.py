@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..env import check_fits, check_init_method, check_timeout, check_world_size, gpu_count
+from ..errors import ConfigError
 from . import cluster, display, magics, multihost
 from .cluster import Lab, LabSpec, current
 from .multihost import attach
@@ -94,6 +95,12 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
     Use it as ``with ddplab.start(...) as lab:`` to stop the lab at the end.
     """
     if hosts is not None or engines is not None or host_options:
+        if init_method != "store":
+            raise ConfigError(
+                f"ddplab: init_method={init_method!r} is for a lab on this machine; a lab on "
+                f"several hosts always joins its ranks at rank 0's TCPStore (see "
+                f"ddplab.lab.multihost). Use start(hosts=...) without init_method, or "
+                f"start(world_size=..., init_method={init_method!r}) for local ranks.")
         return multihost.start_hosts(world_size, backend, timeout, hosts=hosts, engines=engines,
                                      grace=grace, pg_timeout=pg_timeout, debug=debug,
                                      **host_options)
