@@ -166,15 +166,16 @@ def test_table_csv_and_junit_say_the_same(graded):
     lines = text.splitlines()
     assert lines[0].split() == ["student", "notebook", "total", *EXERCISES]
     assert lines[1 + students.index("correct")].split() == \
-        ["correct", "01_point_to_point", "5/5", "pass", "pass", "pass", "pass", "pass"]
+        ["correct", "01_point_to_point", "7/7", *["pass"] * 7]
     assert lines[1 + students.index("deadlock")].split() == \
-        ["deadlock", "01_point_to_point", "3/5", "pass", "FAIL", "FAIL", "pass", "pass"]
+        ["deadlock", "01_point_to_point", "5/7",
+         "pass", "pass", "pass", "FAIL", "FAIL", "pass", "pass"]
     assert re.search(r"^not_json\s+error: not graded: not valid JSON", text, re.M)
     assert re.search(r"^deadlock\s+swap: check: .*deadlock", text, re.M)
 
     rows = {r["student"]: r for r in csv.DictReader(io.StringIO(report.to_csv(grades)))}
     assert rows["deadlock"]["swap"] == "0" and rows["deadlock"]["neighbour-exchange"] == "1"
-    assert rows["deadlock"]["score"] == "3" and rows["deadlock"]["out_of"] == "5"
+    assert rows["deadlock"]["score"] == "5" and rows["deadlock"]["out_of"] == "7"
     assert rows["not_json"]["error"].startswith("not graded: not valid JSON")
 
     suite = ET.fromstring(report.to_junit(grades)).find("testsuite")
