@@ -22,7 +22,6 @@ from run to run even though the bars moved at different speeds.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from typing import Any
 
@@ -37,17 +36,8 @@ _last_sent = {"time": -math.inf}
 
 def _publisher():
     """ipyparallel's ``publish_data`` when running on a ddplab rank, else None."""
-    engine = sys.modules.get("ddplab.rank.engine")      # a plain script never imports it
-    if engine is None or not engine.in_lab() or "ipyparallel" not in sys.modules:
-        return None
-    try:
-        from ipykernel.zmqshell import ZMQInteractiveShell
-    except ImportError:
-        return None
-    if not ZMQInteractiveShell.initialized():
-        return None
-    data_pub = getattr(ZMQInteractiveShell.instance(), "data_pub", None)
-    return data_pub.publish_data if data_pub is not None else None
+    from .rank.live import publisher
+    return publisher()
 
 
 def report(step: int, total: int, **metrics: Any) -> bool:

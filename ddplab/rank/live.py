@@ -25,7 +25,6 @@ thread's stack from this thread, nothing wrapped). Only changes are sent.
 from __future__ import annotations
 
 import collections
-import os
 import sys
 import threading
 from typing import Callable
@@ -53,8 +52,14 @@ def render(raw: str) -> str:
 
 
 def publisher() -> Callable[[dict], None] | None:
-    """ipyparallel's ``publish_data`` on a ddplab rank, else None (plain Python, tests)."""
-    if "DDPLAB_PARENT_PID" not in os.environ or "ipyparallel" not in sys.modules:
+    """ipyparallel's ``publish_data`` on a ddplab rank, else None (plain Python, tests).
+
+    The one data channel to the kernel: live output here and ``ddplab.progress``
+    both publish through it. Any engine the kernel made a rank qualifies, however
+    it was started (locally, ssh, Slurm).
+    """
+    engine = sys.modules.get("ddplab.rank.engine")      # a plain script never imports it
+    if engine is None or not engine.in_lab() or "ipyparallel" not in sys.modules:
         return None
     try:
         from ipykernel.zmqshell import ZMQInteractiveShell

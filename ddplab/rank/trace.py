@@ -47,13 +47,8 @@ _recorder: Recorder | None = None
 _saved: list[tuple] = []      # (undo function, name) for everything start() put in place
 
 
-def _wrap_cell(module, name: str) -> None:
-    function = getattr(module, name)
-    names = function.__code__.co_freevars
-    if "func" not in names:
-        return _wrap_attribute(name)
-    cell = function.__closure__[names.index("func")]
-    raw = cell.cell_contents
+def _recording(name: str, raw):
+    """``raw`` wrapped so that, while a trace records, each call goes through the recorder."""
     code = raw.__code__
     params = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
 
@@ -63,6 +58,17 @@ def _wrap_cell(module, name: str) -> None:
             return raw(*args, **kwargs)
         return recorder.call(name, raw, params, args, kwargs)
 
+    return recorded
+
+
+def _wrap_cell(module, name: str) -> None:
+    function = getattr(module, name)
+    names = function.__code__.co_freevars
+    if "func" not in names:
+        return _wrap_attribute(name)
+    cell = function.__closure__[names.index("func")]
+    raw = cell.cell_contents
+    recorded = _recording(name, raw)
     cell.cell_contents = recorded
     _saved.append((lambda: setattr(cell, "cell_contents", raw), f"torch.distributed.{name}"))
 
@@ -72,15 +78,7 @@ def _wrap_attribute(name: str) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
     raw = getattr(c10d, name)
-    code = raw.__code__
-    params = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
-
-    def recorded(*args, **kwargs):
-        recorder = _recorder
-        if recorder is None:
-            return raw(*args, **kwargs)
-        return recorder.call(name, raw, params, args, kwargs)
-
+    recorded = _recording(name, raw)
     recorded.__wrapped__ = raw
     for module in (dist, c10d):
         setattr(module, name, recorded)
