@@ -110,9 +110,13 @@ def test_ranks_publish_and_the_kernel_receives(fresh_lab):
 
 
 def test_the_lab_feeds_the_board_while_it_waits(fresh_lab, monkeypatch):
-    seen = []
+    seen, boards = [], []
 
     class Recorder(progress.Board):
+        def __init__(self):
+            super().__init__()
+            boards.append(self)
+
         def update(self, results):
             seen.append(sorted(results))
             super().update(results)
@@ -120,6 +124,17 @@ def test_the_lab_feeds_the_board_while_it_waits(fresh_lab, monkeypatch):
     monkeypatch.setattr(progress, "Board", Recorder)
     assert all(sent >= 1 for sent in fresh_lab.run(_train_steps, 5))
     assert seen and all(ranks == [0, 1] for ranks in seen)
+    assert not any(board._broken for board in boards)   # a board that cannot read a result freezes
+
+
+def test_each_ranks_result_waits_for_its_last_progress_message(fresh_lab):
+    """What the board asks of a finished rank's result, in a call to several ranks at once."""
+    tasks = fresh_lab._submit(fresh_lab.ranks, _train_steps, 20)
+    assert len(tasks) == 2
+    for task in tasks:
+        assert task.result.get(60) >= 1
+        assert task.result.wait_for_output(30)
+        assert progress.published(task.result)[progress.KEY]["step"] == 20     # the last step's
 
 
 @pytest.fixture(scope="module")

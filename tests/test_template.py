@@ -144,3 +144,59 @@ def test_template_and_engines_die_with_a_killed_kernel():
 def template_poll() -> float:
     from ddplab.rank import guard, template as rank_template
     return max(rank_template.POLL_SECONDS, guard.POLL_SECONDS)
+
+
+BORROWER = textwrap.dedent("""
+    import os, sys, ddplab
+    from ddplab.lab import template
+    lab = ddplab.start(world_size=2, backend="gloo")
+    assert isinstance(template.shared(), template.BorrowedTemplate)
+    print("PIDS", lab._dir, *lab.run(os.getppid), *lab.pids, flush=True)
+    if sys.argv[1] == "stop":
+        lab.stop()                  # ends the lab, not the template it borrowed
+        print("STOPPED", flush=True)
+    sys.stdin.read()                # until killed, or stdin closes
+""")
+
+
+def test_kernels_borrow_one_template_that_ends_a_dead_kernels_engines():
+    """``ddplab grade``'s set-up: one template, many kernels; a dead kernel's engines end with it."""
+    shared = template.Template()
+    shared.wait_ready()
+    env = dict(os.environ, **{template.BORROW_ENV: shared.socket_path})
+    kernels = []
+    try:
+        def borrower(how: str) -> tuple[subprocess.Popen, list[str]]:
+            kernel = subprocess.Popen([sys.executable, "-c", BORROWER, how], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True, env=env)
+            kernels.append(kernel)
+            fields = next((line.split()[1:] for line in kernel.stdout if line.startswith("PIDS")), None)
+            assert fields, "the kernel did not start its lab"
+            return kernel, fields
+
+        killed, (directory, *pids) = borrower("kill")
+        parents, engines = [int(p) for p in pids[:2]], [int(p) for p in pids[2:]]
+        assert parents == [shared.process.pid] * 2, "engines not forked from the borrowed template"
+        procs.send(killed, signal.SIGKILL)            # the kernel only: the template must notice
+        killed.wait()
+        deadline = time.monotonic() + 20 * template_poll()
+        while time.monotonic() < deadline and (
+                any(procs.alive(p) for p in engines) or os.path.exists(directory)):
+            time.sleep(0.05)
+        assert not [p for p in engines if procs.alive(p)], "a dead kernel's engines still run"
+        assert not os.path.exists(directory), f"{directory} left behind"
+        assert shared.alive, "one kernel's death ended the template the others share"
+
+        # The template still serves the next kernel, whose lab.stop() leaves it running.
+        polite, (_, *pids) = borrower("stop")
+        assert [int(p) for p in pids[:2]] == [shared.process.pid] * 2
+        assert next(line for line in polite.stdout if line.strip()) == "STOPPED\n"
+        polite.stdin.close()
+        assert polite.wait(timeout=60) == 0
+        assert shared.alive
+    finally:
+        for kernel in kernels:
+            procs.end_tree(kernel, grace=5)
+            kernel.wait()
+        shared.stop()
+    assert shared.process.poll() is not None and not os.path.exists(shared.directory)

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the course's notebooks folder (matched by file name), or one notebook "
                          "(default: the notebooks that ship with ddplab)")
     gr.add_argument("--jobs", type=int, default=None,
-                    help="submissions graded at once (default: twice the cores, as memory allows)")
+                    help="submissions graded at once (default: four per core, as memory allows)")
     gr.add_argument("--cell-timeout", type=float, default=None,
                     help="seconds a cell may run before it is stopped (default 120)")
     gr.add_argument("--csv", help="also write the grades as CSV to this file")

@@ -32,13 +32,14 @@ Isolation and parallelism
 Each submission is graded in its own worker process (``_worker``) with its
 own kernel; ``ddplab.start()`` in that kernel starts a lab of its own, so
 submissions never share a lab. Up to ``jobs`` workers run at once
-(``default_jobs``: twice the cores, as far as memory allows). A
+(``default_jobs``: four per core, as far as memory allows). A
 worker that crashes or overruns its deadline costs only its own
 submission, and is killed together with everything it started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -119,18 +120,20 @@ SUBMISSION_MEMORY_BYTES = 2 * 2**30
 
 
 def default_jobs(available: int | None = None, cores: int | None = None) -> int:
-    """How many submissions to grade at once: twice the cores, as far as memory allows.
+    """How many submissions to grade at once: four per core, as far as memory allows.
 
-    Twice, because a lesson's run spends much of its time waiting, not computing:
-    a ``%%rank`` cell's grace period, a deadlock demonstrated until its timeout,
-    ranks meeting. Measured on 2 cores, 20 submissions of notebook 01: 240 s with
-    2 at once, 184 s with 4 (``benchmarks/bench_grade.py``).
+    More than one per core, because a lesson's run spends much of its time
+    waiting, not computing: a ``%%rank`` cell's grace period, a deadlock
+    demonstrated until its timeout, ranks meeting. Measured on 2 cores, 20
+    submissions of notebook 01 (``benchmarks/bench_grade.py``, one template for
+    the class): 123 s with 4 at once, 105 s with 8; the CPU it needs in all,
+    about 166 s, puts the floor near 85 s.
     """
     if available is None:
         import psutil
         available = psutil.virtual_memory().available
     cores = cores or os.cpu_count() or 1
-    return max(1, min(2 * cores, available // SUBMISSION_MEMORY_BYTES))
+    return max(1, min(4 * cores, available // SUBMISSION_MEMORY_BYTES))
 
 
 def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None = None,
@@ -158,16 +161,41 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
         work.append((path, ref, ""))
     jobs = max(1, min(jobs or default_jobs(), len(work)))
 
-    def one(item) -> Grade:
+    def one(item, env: dict) -> Grade:
         path, ref, error = item
         result = (Grade(student_name(path, names), path.stem, str(path), error=error) if ref is None
-                  else _in_worker(path, ref, student_name(path, names), cell_timeout))
+                  else _in_worker(path, ref, student_name(path, names), cell_timeout, env))
         if progress:
             progress(result)
         return result
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, work))
+    with one_template_for_the_class() as template_env, \
+            ThreadPoolExecutor(max_workers=jobs) as pool:
+        env = dict(os.environ, **template_env)
+        return list(pool.map(lambda item: one(item, env), work))
+
+
+@contextlib.contextmanager
+def one_template_for_the_class():
+    """One engine template for every submission's kernel; yields the environment that names it.
+
+    Each kernel's labs fork their engines from a template that imported torch
+    once (``ddplab.lab.template``). A kernel of its own would start its own
+    template, one torch import (about 2 s of CPU) per submission; a class
+    shares one. Safe to share: the template never runs a submission's code, so
+    every engine is a fresh fork of the same untouched process, and it ends a
+    kernel's engines when that kernel dies. It ends with the grading.
+    """
+    from ..lab import template
+    if not template.enabled():
+        yield {}
+        return
+    shared = template.Template()
+    try:
+        shared.wait_ready()
+        yield {template.BORROW_ENV: shared.socket_path}
+    finally:
+        shared.stop()
 
 
 # The worker's first lines. Importing nbformat imports jsonschema, which builds
@@ -178,7 +206,8 @@ _WORKER = ("import sys; sys.modules['rfc3987_syntax'] = None; "
            "from ddplab.course.grade import _worker; sys.exit(_worker(sys.argv[1:]))")
 
 
-def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float) -> Grade:
+def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
+               env: dict | None = None) -> Grade:
     """Grade in a child process; a crash or overrun there costs only this submission."""
     cells = len(nbformat.read(ref, as_version=4).cells)
     deadline = 300 + 3 * cells * cell_timeout
@@ -187,7 +216,7 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float) -> Grad
         command = [sys.executable, "-c", _WORKER, str(path), str(ref), student,
                    str(cell_timeout), str(out)]
         worker = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True)
+                                  text=True, env=env)
         begin = time.monotonic()
         try:
             _, stderr = worker.communicate(timeout=deadline)

@@ -26,7 +26,7 @@ from ..env import check_timeout, choose_backend, free_port, omp_threads, worker_
 from ..errors import ConfigError, DdplabError, EngineDiedError, HangError, RankError
 from ..rank import engine
 from ..text import plural
-from . import diagnose, display, live, template
+from . import diagnose, display, fanout, live, template
 
 HOST = "127.0.0.1"
 _GUARD = [sys.executable, "-m", "ddplab.rank.guard"]
@@ -70,7 +70,7 @@ class Lab:
     """
 
     #: What a subclass may override; tests/test_multihost.py holds HostLab to it.
-    HOOKS = ("_bring_up", "_shut_down", "_join_group", "_call", "_check_alive", "_confirm_loss",
+    HOOKS = ("_bring_up", "_shut_down", "_join_group", "_wrap", "_check_alive", "_confirm_loss",
              "_frames", "_locate", "_send_interrupt", "restart_keeps_controller")
 
     def __init__(self, spec: LabSpec, gpus: int) -> None:
@@ -78,7 +78,7 @@ class Lab:
         self.backend, self.backend_reason = choose_backend(spec.backend, spec.world_size, gpus)
         self._cluster = None
         self._client = None
-        self._views: dict[int, Any] = {}   # engine id -> its DirectView, of _views_of
+        self._views: dict = {}             # engine id(s) -> their DirectView, of _views_of
         self._views_of: Any = None
         self._engine_ids: list[int] = []   # index: torch rank
         self._pids: list[int] = []         # index: torch rank
@@ -463,19 +463,29 @@ class Lab:
 
     def _call(self, rank: int, fn: Callable, *args: Any) -> Any:
         """Call ``fn(*args)`` on ``rank``'s engine; an AsyncResult."""
-        return self._view(self._engine_ids[rank]).apply_async(fn, *args)
+        return self._wrap(self._view(self._engine_ids[rank]).apply_async(fn, *args))
 
-    def _view(self, engine_id: int) -> Any:
-        """ipyparallel's view of one engine, made once (making one costs more than a call)."""
+    def _wrap(self, result: Any) -> Any:
+        """What the lab waits on for one rank's call (HostLab adds which host was lost)."""
+        return result
+
+    def _view(self, engine_ids: int | tuple[int, ...]) -> Any:
+        """ipyparallel's view of one engine or several, made once (making one costs more than a call)."""
         if self._views_of is not self._client:       # a new client: views of the old are stale
             self._views, self._views_of = {}, self._client
-        view = self._views.get(engine_id)
+        view = self._views.get(engine_ids)
         if view is None:
-            view = self._views[engine_id] = self._client[engine_id]
+            targets = list(engine_ids) if isinstance(engine_ids, tuple) else engine_ids
+            view = self._views[engine_ids] = self._client[targets]
         return view
 
     def _submit(self, ranks: list[int], fn: Callable, *args: Any) -> list[Task]:
-        return [Task(rank, self._call(rank, fn, *args)) for rank in ranks]
+        """``fn(*args)`` on each of ``ranks``: one message per engine, the function pickled once."""
+        if len(ranks) == 1:
+            return [Task(ranks[0], self._call(ranks[0], fn, *args))]
+        view = self._view(tuple(self._engine_ids[rank] for rank in ranks))
+        return [Task(rank, self._wrap(result))
+                for rank, result in zip(ranks, fanout.apply_to_each(view, fn, *args))]
 
     def run(self, fn: Callable, *args: Any, ranks: Iterable[int] | None = None,
             timeout: float | None = None, **kwargs: Any) -> Any:

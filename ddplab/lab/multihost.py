@@ -229,8 +229,8 @@ class HostLab(Lab):
         if any(_LOST_PEER.search(text) for text in failures.values()):
             self._check_alive(wait=min(self.spec.timeout, LOSS_WAIT))
 
-    def _call(self, rank, fn, *args):
-        return _Result(self, super()._call(rank, fn, *args))
+    def _wrap(self, result):
+        return _Result(self, result)
 
     def _frames(self, tasks, deadline):
         return {}                   # signals do not cross hosts: stacks are out of reach

@@ -14,6 +14,16 @@ restart pays none. ``lab.stop()`` ends it; so does the kernel's exit, even by
 
 Set ``DDPLAB_FORK=0`` to start engines as plain processes instead (the template
 needs ``fork``, so it is only used on Linux).
+
+``ddplab grade`` runs a whole class's submissions, each in a kernel of its own.
+It starts one template for all of them and names its socket in
+``DDPLAB_TEMPLATE``; a kernel that finds it there borrows that template
+(``BorrowedTemplate``) instead of importing torch again. Each fork request says
+which kernel asked (``owner``), and the template ends that kernel's engines and
+removes its labs' directories when the kernel dies, as a kernel's own template
+does. Nothing a kernel runs reaches the template: it only ever forks
+``ddplab.rank.guard`` children, each a fresh copy of a process that never ran
+a submission's code.
 """
 
 from __future__ import annotations
@@ -34,6 +44,8 @@ from ..errors import DdplabError
 
 READY_TIMEOUT_S = 120
 SOCKET_NAME = "fork.sock"
+#: The socket of a template to borrow (``ddplab grade`` sets it for the kernels it runs).
+BORROW_ENV = "DDPLAB_TEMPLATE"
 
 
 def enabled() -> bool:
@@ -46,18 +58,20 @@ class Template:
 
     def __init__(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="ddplab-template-")    # mode 0700
+        self.socket_path = os.path.join(self.directory, SOCKET_NAME)
         env = dict(os.environ, DDPLAB_PARENT_PID=str(os.getpid()))
+        env.pop(BORROW_ENV, None)
         # A session of its own: Kernel > Interrupt must not reach it.
         self.process = procs.start(
-            [sys.executable, "-m", "ddplab.rank.template",
-             os.path.join(self.directory, SOCKET_NAME)], stdout=subprocess.PIPE, env=env)
+            [sys.executable, "-m", "ddplab.rank.template", self.socket_path],
+            stdout=subprocess.PIPE, env=env)
         self._ready = False
 
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
         if self._ready:
             return
         # The template prints "ready" once torch is imported and it listens.
@@ -70,10 +84,10 @@ class Template:
         self._ready = True
 
     def _ask(self, request: dict) -> dict:
-        self._wait_ready()
+        self.wait_ready()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(READY_TIMEOUT_S)
-            conn.connect(os.path.join(self.directory, SOCKET_NAME))
+            conn.connect(self.socket_path)
             with conn.makefile("rwb") as stream:
                 stream.write(json.dumps(request).encode() + b"\n")
                 stream.flush()
@@ -85,7 +99,7 @@ class Template:
         ``lab_dir``: the lab's directory, which the template removes if the kernel dies.
         """
         return int(self._ask({"argv": argv, "env": env, "cwd": cwd, "output": output,
-                              "lab_dir": lab_dir})["pid"])
+                              "lab_dir": lab_dir, "owner": os.getpid()})["pid"])
 
     def ended(self, pid: int) -> dict:
         """How child ``pid`` ended: ``{"exit": code}``, ``{"signal": n}``, or ``{}`` if unknown."""
@@ -107,13 +121,46 @@ class Template:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+class BorrowedTemplate(Template):
+    """A template another process started and will end: ``ddplab grade``'s, shared by its kernels.
+
+    It watches this kernel: when the kernel dies it ends the engines it forked
+    for it, so borrowing changes nothing about what outlives a kernel.
+    """
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self._ready = True                   # its owner waited for "ready" before naming it
+
+    @property
+    def alive(self) -> bool:
+        return os.path.exists(self.socket_path)
+
+    def stop(self) -> None:
+        """Nothing to do: not ours to end (our engines end with our labs, or with this kernel)."""
+
+
+def _borrowed() -> BorrowedTemplate | None:
+    path = os.environ.get(BORROW_ENV)
+    if not path:
+        return None
+    if not os.path.exists(path):
+        raise DdplabError(f"ddplab: {BORROW_ENV}={path} names an engine template that is not "
+                          f"running. Unset {BORROW_ENV} (only ddplab grade sets it).")
+    return BorrowedTemplate(path)
+
+
 _template: Template | None = None
 
 
 def shared() -> Template:
-    """This kernel's template, started on first use (and again if it died)."""
+    """This kernel's template, started on first use (and again if it died); or the one it borrows."""
     global _template
     if _template is None or not _template.alive:
+        borrowed = _borrowed()
+        if borrowed is not None:
+            _template = borrowed
+            return _template
         if _template is not None:
             _template.stop()
         _template = Template()

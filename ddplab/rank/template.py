@@ -10,7 +10,8 @@ child per engine it is asked for; a fork copies the imported modules for free.
 It listens on that Unix socket, in a private (0700) directory of its own, so
 no other user can ask it for anything; it removes the directory when it exits. One
 request per connection, one JSON line:
-``{"argv": [...], "env": {...}, "cwd": "...", "output": "...", "lab_dir": "..."}``; the answer is
+``{"argv": [...], "env": {...}, "cwd": "...", "output": "...", "lab_dir": "...", "owner": PID}``;
+the answer is
 ``{"pid": N}`` once the child exists. ``{"status": N}`` asks how child N ended
 (``{"exit": code}`` or ``{"signal": number}``, ``{}`` while it runs).
 
@@ -26,6 +27,10 @@ Why this is safe to fork from (the known pitfalls):
 - It dies with the kernel: it polls its parent every half second, and when the
   kernel is gone it ends its children and exits. The children watch the
   template the same way (``ddplab.rank.guard``).
+- Shared by ``ddplab grade`` (its parent is then the grader), it also polls
+  each kernel that asked it for engines (``owner`` in the request): when one
+  dies, its engines are ended and its labs' directories removed, as if that
+  kernel had had a template of its own.
 
 When the kernel dies it also removes the directories of the labs whose engines
 it forked (``lab_dir``). The controller's guard does that too, but a kernel
@@ -47,6 +52,31 @@ POLL_SECONDS = 0.5
 _ended: dict[int, dict] = {}      # pid -> how it ended, for {"status": pid}
 _children: set[int] = set()
 _lab_dirs: set[str] = set()       # the directories of the labs we forked engines for
+_owners: dict[int, "_Owner"] = {}  # kernels other than our parent that we fork for (ddplab grade)
+_parent_pid = 0
+
+
+class _Owner:
+    """A kernel that borrows this template: its engines and lab directories, ended when it dies."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+        try:
+            self.process: object = psutil.Process(pid)   # pid and start time: no pid reuse
+        except psutil.Error:
+            self.process = None
+        self.children: set[int] = set()
+        self.lab_dirs: set[str] = set()
+
+    def alive(self) -> bool:
+        from ddplab import procs
+        return procs.alive(self.process)
+
+    def end(self) -> None:
+        from ddplab import procs
+        procs.Tree([pid for pid in self.children if pid in _children], sessions=True).end(grace=0)
+        for lab_dir in self.lab_dirs:
+            shutil.rmtree(lab_dir, ignore_errors=True)
 
 
 def _reap(*_: object) -> None:
@@ -59,6 +89,8 @@ def _reap(*_: object) -> None:
         if pid == 0:
             return
         _children.discard(pid)
+        for owner in _owners.values():     # a pid the OS hands out again is someone else's
+            owner.children.discard(pid)
         _ended[pid] = ({"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status)
                        else {"exit": os.WEXITSTATUS(status)})
 
@@ -135,9 +167,28 @@ def _answer(conn: socket.socket) -> None:
             _children.add(pid)
             if request.get("lab_dir"):
                 _lab_dirs.add(request["lab_dir"])
+            owner = int(request.get("owner") or 0)
+            if owner and owner != _parent_pid:
+                record = _owners.get(owner)
+                if record is not None and not record.alive():
+                    record.end()           # that kernel died and its pid was reused already
+                    record = None
+                if record is None:
+                    record = _owners[owner] = _Owner(owner)
+                record.children.add(pid)
+                if request.get("lab_dir"):
+                    record.lab_dirs.add(request["lab_dir"])
             reply = {"pid": pid}
         stream.write(json.dumps(reply).encode() + b"\n")
         stream.flush()
+
+
+def _end_orphans() -> None:
+    """End the engines of every borrowing kernel that has died, and remove its labs' directories."""
+    for pid, owner in list(_owners.items()):
+        if not owner.alive():
+            owner.end()
+            del _owners[pid]
 
 
 def _end_children() -> None:
@@ -158,15 +209,19 @@ def serve(path: str, parent_pid: int) -> None:
     server.settimeout(POLL_SECONDS)
     signal.signal(signal.SIGCHLD, _reap)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    global _parent_pid
+    _parent_pid = parent_pid
     print("ready", flush=True)             # the kernel waits for this line
     try:
         while os.getppid() == parent_pid:
             try:
                 conn, _ = server.accept()
             except TimeoutError:
+                _end_orphans()
                 continue
             conn.settimeout(None)
             _answer(conn)
+            _end_orphans()
     finally:
         _end_children()
         server.close()
