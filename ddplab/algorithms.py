@@ -41,6 +41,7 @@ __all__ = [
     "ring_all_reduce",
     "ring_picture",
     "trace_ring",
+    "tree_all_reduce",
 ]
 
 
@@ -155,6 +156,38 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
         mask <<= 1
     if rank + q < world_size:
         dist.send(flat, dst=rank + q)
+    return tensor
+
+
+def tree_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    """A binomial tree: reduce the whole tensor up to rank 0, then broadcast it down again.
+
+    In round k of the reduce, a rank whose bit k is set sends its partial sum
+    to rank - 2**k and is done; a rank below it adds what rank + 2**k sends.
+    Rank 0 ends with the sum after ceil(log2 p) rounds. The broadcast walks
+    the same tree backwards: each rank receives from its parent (its rank with
+    the lowest set bit cleared), then sends to its children, farthest first.
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    flat = _flat(tensor)
+    inbox = torch.empty_like(flat)
+    mask = 1
+    while mask < world_size:                          # up: partial sums move toward rank 0
+        if rank & mask:
+            dist.send(flat, dst=rank - mask)
+            break
+        if rank + mask < world_size:
+            dist.recv(inbox, src=rank + mask)
+            flat += inbox
+        mask <<= 1
+    lowest = rank & -rank                             # 0 for rank 0, the root
+    if rank:
+        dist.recv(flat, src=rank - lowest)            # down: the sum, from the parent
+    mask = (lowest or 1 << (world_size - 1).bit_length()) >> 1
+    while mask:
+        if rank + mask < world_size:
+            dist.send(flat, dst=rank + mask)
+        mask >>= 1
     return tensor
 
 

@@ -4,6 +4,7 @@
     result = launch.torchrun("train.py", nproc_per_node=2)              # one node
     result = launch.torchrun("show_env.py", nproc_per_node=2, nnodes=2)  # two "nodes" on 127.0.0.1
     result = launch.spawn("spawn_demo.py", nprocs=2)   # python spawn_demo.py 2 PORT
+    result = launch.spawn("spawn_nodes.py", nprocs=2, nnodes=2)  # ... 2 PORT 0 2, and ... 2 PORT 1 2
     print(result.output_by_rank())                    # each rank's output, rank 0 first
 
 A cell cannot hand ``mp.spawn`` or ``torchrun`` a function defined in the
@@ -179,19 +180,28 @@ def torchrun_command(target: list[str], *, nnodes: int, node_rank: int, nproc_pe
     return command + list(target)
 
 
-def spawn(script: str, nprocs: int = 2, timeout: float = 120, check: bool = True) -> Launch:
+def spawn(script: str, nprocs: int = 2, nnodes: int = 1, timeout: float = 120,
+          check: bool = True) -> Launch:
     """Run ``python script NPROCS PORT``: a script that calls ``torch.multiprocessing.spawn``.
 
     The script gets the number of processes and a free port as its two
     arguments; with ``mp.spawn`` it sets MASTER_ADDR/MASTER_PORT itself (no
     launcher does it for it). Lines its ranks print as ``[rank N] ...`` come
     back in ``rank_output[N]``.
+
+    With ``nnodes=2`` it runs the script twice at once, as you would once on
+    each of two machines: ``python script NPROCS PORT NODE_RANK NNODES`` with
+    node ranks 0 and 1 and one free port; the script turns its node rank and
+    local index into a global rank itself (nothing else numbers them).
     """
     _check_count(nprocs, "nprocs", "processes")
-    check_world_size(nprocs)
+    _check_count(nnodes, "nnodes", "nodes")
+    check_world_size(nprocs * nnodes)
     timeout = check_timeout(timeout, example=120)
     port = free_port(HOST)
-    return _run([[sys.executable, script, str(nprocs), str(port)]], [port], timeout, check)
+    nodes = [[str(node), str(nnodes)] for node in range(nnodes)] if nnodes > 1 else [[]]
+    return _run([[sys.executable, script, str(nprocs), str(port), *node] for node in nodes],
+                [port], timeout, check)
 
 
 def _check_count(value: object, name: str, what: str) -> None:

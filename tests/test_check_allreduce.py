@@ -213,3 +213,74 @@ def test_checkers_are_exported():
     for name in ("naive_all_reduce", "naive_all_reduce_collectives", "ring_all_reduce",
                  "recursive_doubling_all_reduce"):
         assert getattr(ddplab.check, name) is getattr(check, name)
+
+
+# ------------------------------------------------------------------------ tree
+def chain_all_reduce(tensor):
+    """Right sums, but along a chain 3 -> 2 -> 1 -> 0 and back: p - 1 levels, not log2 p."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    inbox = torch.empty_like(tensor)
+    if rank + 1 < p:
+        dist.recv(inbox, src=rank + 1)
+        tensor += inbox
+    if rank:
+        dist.send(tensor, dst=rank - 1)
+        dist.recv(tensor, src=rank - 1)
+    if rank + 1 < p:
+        dist.send(tensor, dst=rank + 1)
+    return tensor
+
+
+def test_tree_checker_accepts_a_binomial_tree(fresh_lab4, capsys):
+    check.tree_all_reduce(algorithms.tree_all_reduce)
+    assert capsys.readouterr().out == (
+        "Correct: tree_all_reduce matches dist.all_reduce on every rank for 41 cases, with 6 messages "
+        "on 4 ranks up and down a tree 2 levels deep (each rank -> its parent: 1 -> 0, 2 -> 0, "
+        "3 -> 2).\n")
+
+
+@pytest.mark.parametrize("wrong, why", [
+    (algorithms.naive_all_reduce, "rank 0 received 3 messages, one from every rank (a star"),
+    (chain_all_reduce, "the tree is 3 levels deep (a chain)"),
+    (algorithms.ring_all_reduce, "24 messages were sent in all; a tree sends 2(p-1) = 6"),
+])
+def test_tree_checker_rejects_right_sums_that_are_no_tree(fresh_lab4, wrong, why):
+    with pytest.raises(AssertionError) as info:
+        check.tree_all_reduce(wrong)
+    message = str(info.value)
+    assert message.startswith("tree_all_reduce sums correctly on 4 ranks, but its messages do not "
+                              "form a tree:"), message
+    assert why in message and "Hint: in round k" in message, message
+
+
+def test_tree_checker_rejects_wrong_sums(fresh_lab4):
+    with pytest.raises(AssertionError, match="tree_all_reduce is wrong on"):
+        check.tree_all_reduce(naive_without_broadcast)
+
+
+def test_tree_checker_says_when_it_cannot_see_the_messages(fresh_lab4):
+    real_send, real_recv = dist.send, dist.recv        # bound before the check could watch them
+
+    def tree_through_bound_names(tensor):
+        rank, p = dist.get_rank(), dist.get_world_size()
+        inbox, mask = torch.empty_like(tensor), 1
+        while mask < p:
+            if rank & mask:
+                real_send(tensor, rank - mask)
+                break
+            if rank + mask < p:
+                real_recv(inbox, rank + mask)
+                tensor += inbox
+            mask <<= 1
+        lowest = rank & -rank
+        if rank:
+            real_recv(tensor, rank - lowest)
+        mask = (lowest or 1 << (p - 1).bit_length()) >> 1
+        while mask:
+            if rank + mask < p:
+                real_send(tensor, rank + mask)
+            mask >>= 1
+        return tensor
+
+    with pytest.raises(AssertionError, match="none of its messages could be seen"):
+        check.tree_all_reduce(tree_through_bound_names)

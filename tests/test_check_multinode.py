@@ -71,3 +71,39 @@ def test_who_prints_names_a_missing_key_and_the_unfilled_placeholder():
         ddplab.check.who_prints({k: v for k, v in RIGHT.items() if k != "rank == 0"})
     with pytest.raises(AssertionError, match=r"got            Ellipsis"):
         ddplab.check.who_prints(dict(RIGHT, **{"rank == 0": ...}))
+
+
+# ----------------------------------------------------------------- physical_gpu
+def right_physical_gpu(index, visible):
+    if visible is None:
+        return index
+    ids = [int(v) for v in visible.split(",") if v]
+    return ids[index] if index < len(ids) else None
+
+
+def test_physical_gpu_accepts_the_visible_list_lookup(capsys):
+    ddplab.check.physical_gpu(right_physical_gpu)
+    out = capsys.readouterr().out
+    assert out.startswith("Correct: cuda:i is the i-th GPU CUDA_VISIBLE_DEVICES lists.")
+    assert "--virtual-local-rank: workers use GPUs [4, 5, 6, 7]" in out
+
+
+@pytest.mark.parametrize("wrong, case", [
+    (lambda index, visible: index, "physical_gpu(0, '2,3'): expected 2, got 0"),     # ignores it
+    (lambda index, visible: right_physical_gpu(index, None if visible is None else
+                                               ",".join(sorted(visible.split(",")))),
+     "physical_gpu(0, '1,0'): expected 1, got 0"),                                   # sorts it
+    (lambda index, visible: index if visible is None else int(visible.split(",")[index]),
+     "physical_gpu(2, '2,3'): expected None, got 'raised IndexError"),               # no bound
+])
+def test_physical_gpu_rejects(wrong, case):
+    with pytest.raises(AssertionError, match=r"(?s)physical_gpu is wrong in \d of 9 cases.*Hint: "):
+        ddplab.check.physical_gpu(wrong)
+    with pytest.raises(AssertionError) as info:
+        ddplab.check.physical_gpu(wrong)
+    assert case in str(info.value)
+
+
+def test_physical_gpu_names_a_missing_function():
+    with pytest.raises(AssertionError, match="physical_gpu must be a function"):
+        ddplab.check.physical_gpu(None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -133,14 +134,32 @@ def test_line_shards_accepts_rank_and_worker_splitting(fresh_lab, capsys):
 @pytest.mark.parametrize("edit", [
     ("world_size * workers) == rank * workers + worker", "world_size) == rank"),     # ignores workers
     ("world_size * workers) == rank * workers + worker", "workers) == worker"),      # ignores ranks
+    # Asks who it is when the dataset is made, in the rank's own process (None
+    # there), not in each worker: only real DataLoader workers catch this one.
+    ("        self.path = path\n", "        self.path = path\n        self.info = get_worker_info()\n"),
 ])
 def test_line_shards_rejects_splitting_by_one_level_only(fresh_lab, edit):
     source = LINE_SHARDS.replace(*edit)
+    if "self.info" in source:
+        source = source.replace("        info = get_worker_info()\n", "        info = self.info\n")
     assert source != LINE_SHARDS
     fresh_lab.run_cell(source)
-    with pytest.raises(AssertionError,
-                       match=r"(?s)the lines LineShards yields per worker.*is wrong.*Hint: in __iter__"):
+    with pytest.raises(AssertionError, match=r"(?s)the lines DataLoader\(LineShards\(path\), "
+                                             r"num_workers=k\) yields.*is wrong.*Hint: in __iter__"):
         ddplab.check.line_shards()
+
+
+def test_line_shards_workers_are_real_processes_that_end(fresh_lab):
+    """The check runs the dataset in forked DataLoader workers, and none is left behind."""
+    fresh_lab.run_cell(LINE_SHARDS.replace(
+        "                    yield line.rstrip(\"\\n\")",
+        "                    yield line.rstrip(\"\\n\") + (' in a worker' if info and os.getpid() != "
+        "parent else '')") + "\nimport os\nparent = os.getpid()\n")
+    with pytest.raises(AssertionError, match="line 1 in a worker"):
+        ddplab.check.line_shards()
+    import psutil
+    engines = [psutil.Process(pid) for pid in fresh_lab.run(os.getpid)]
+    assert [e.children() for e in engines] == [[] for _ in engines]
 
 
 def test_line_shards_names_a_missing_class(fresh_lab):

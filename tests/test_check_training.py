@@ -205,3 +205,59 @@ def test_save_checkpoint_rejects_a_missing_barrier(fresh_lab):
     message = fails(training.save_checkpoint, "the file exists when save_checkpoint returns is wrong "
                     "on rank 1", "dist.barrier()")
     assert "rank 0: expected True" in message
+
+
+# --------------------------------------------------------------- train_uneven
+JOINED = """
+from torch.distributed.algorithms import Join
+
+def train_uneven(ddp_model, optimizer, batches):
+    steps = 0
+    with Join([ddp_model]):
+        for x, y in batches:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(ddp_model(x), y).backward()
+            optimizer.step()
+            steps += 1
+    return steps
+"""
+
+
+def test_train_uneven_accepts_a_joined_loop(fresh_lab, capsys):
+    fresh_lab.run_cell(JOINED)
+    training.train_uneven()
+    assert last_line(capsys) == ("Correct: ranks with 2, 4 batches each trained on all of theirs, "
+                                 "and the 2 ranks ended with the same weights.")
+
+
+def test_train_uneven_rejects_cutting_every_rank_to_the_fewest_batches(fresh_lab):
+    fresh_lab.run_cell("""
+def train_uneven(ddp_model, optimizer, batches):
+    fewest = torch.tensor(len(batches))
+    dist.all_reduce(fewest, op=dist.ReduceOp.MIN)      # no deadlock, but rank 1 skips 2 batches
+    for x, y in batches[:int(fewest)]:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(ddp_model(x), y).backward()
+        optimizer.step()
+    return int(fewest)
+""")
+    fails(training.train_uneven, "steps taken, one per batch of the rank is wrong on rank 1",
+          "throws data away")
+
+
+def test_train_uneven_rejects_a_different_step(fresh_lab):
+    fresh_lab.run_cell(JOINED.replace("optimizer.zero_grad()", "pass"))    # gradients pile up
+    fails(training.train_uneven, "the weights after the loop is wrong", "zero_grad")
+
+
+def test_train_uneven_names_the_deadlock_without_join(fresh_lab):
+    fresh_lab.run_cell(JOINED.replace("with Join([ddp_model]):", "if True:"))
+    message = fails(training.train_uneven, "did not finish within 20 s", "Join([ddp_model])",
+                    "lab.restart()")
+    assert "rank 1" in message, message
+    assert not fresh_lab.healthy                         # the checker says so; the next test restarts
+
+
+def test_train_uneven_names_a_missing_function(fresh_lab):
+    fresh_lab.run_cell("train_uneven = None")
+    fails(training.train_uneven, "no function `train_uneven` on ranks 0, 1")

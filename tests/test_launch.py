@@ -136,6 +136,38 @@ def test_spawn_groups_prefixed_lines_by_rank(tmp_path, nothing_left):
     assert_gone(result)
 
 
+SPAWN_NODES_SCRIPT = """
+import os, sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from ddplab.launch import report_env
+
+def worker(local_rank, node_rank, nnodes, nprocs, port):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
+    rank = node_rank * nprocs + local_rank
+    dist.init_process_group("gloo", rank=rank, world_size=nnodes * nprocs)
+    total = torch.tensor([float(rank)])
+    dist.all_reduce(total)
+    print(f"[rank {rank}] node {node_rank}, index {local_rank}, sum {total.item():g}")
+    report_env(pid=os.getpid(), node=node_rank, index=local_rank)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    nprocs, port, node_rank, nnodes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    mp.spawn(worker, args=(int(node_rank), int(nnodes), int(nprocs), port), nprocs=int(nprocs))
+"""
+
+
+def test_spawn_on_two_simulated_nodes_forms_one_group(tmp_path, nothing_left):
+    result = launch.spawn(write(tmp_path, "spawn_nodes.py", SPAWN_NODES_SCRIPT), nprocs=2, nnodes=2,
+                          timeout=TIMEOUT)
+    assert result.rank_output == {rank: f"node {rank // 2}, index {rank % 2}, sum 6\n"
+                                  for rank in range(4)}
+    assert sorted(result.reports) == [0, 1, 2, 3]
+    assert [launch.command_line(result, i).split()[2:] for i in (0, 1)] == \
+        [["2", "PORT", "0", "2"], ["2", "PORT", "1", "2"]]
+    assert_gone(result)
+
+
 def test_failing_launch_raises_with_the_ranks_output_and_leaves_nothing(tmp_path, nothing_left):
     with pytest.raises(launch.LaunchError) as info:
         launch.spawn(write(tmp_path, "spawn.py", "FAIL = True\n" + SPAWN_SCRIPT), nprocs=2,

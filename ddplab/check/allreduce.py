@@ -27,6 +27,7 @@ __all__ = [
     "naive_all_reduce_collectives",
     "recursive_doubling_all_reduce",
     "ring_all_reduce",
+    "tree_all_reduce",
 ]
 
 #: Collectives a send/recv exercise may not call (it would be building all_reduce from all_reduce).
@@ -99,6 +100,15 @@ def _wrong_elements(expected, got, atol: float) -> tuple[int, list[tuple[int, An
     return len(where), [(int(i), e[i].item(), g[i].item()) for i in where[:_SHOWN]]
 
 
+#: The point-to-point calls the checkers watch, and the keyword naming the other rank.
+_PEER_KEYWORD = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+
+
+def _peer(args: tuple, kwargs: dict, keyword: str) -> Any:
+    """The other rank of a send or recv call: ``dst=``/``src=``, or its second argument."""
+    return kwargs.get(keyword, args[1] if len(args) > 1 else None)
+
+
 def _as_world(world: int | None, strays: list[str]):
     """A context manager: on ranks 0..world-1 of a bigger lab, pretend the job has ``world`` ranks.
 
@@ -122,12 +132,11 @@ def _as_world(world: int | None, strays: list[str]):
         if world is None:
             yield
             return
-        peers = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
-        saved = {name: getattr(dist, name) for name in [*peers, "get_world_size"]}
+        saved = {name: getattr(dist, name) for name in [*_PEER_KEYWORD, "get_world_size"]}
 
         def guarded(name, keyword, real):
             def call(*args, **kwargs):
-                peer = kwargs.get(keyword, args[1] if len(args) > 1 else None)
+                peer = _peer(args, kwargs, keyword)
                 if isinstance(peer, int) and not 0 <= peer < world:
                     strays.append(f"dist.{name}({keyword}={peer})")
                     return _Done() if name.startswith("i") else peer
@@ -135,7 +144,7 @@ def _as_world(world: int | None, strays: list[str]):
             return call
 
         dist.get_world_size = lambda group=None: world if group is None else saved["get_world_size"](group)
-        for name, keyword in peers.items():
+        for name, keyword in _PEER_KEYWORD.items():
             setattr(dist, name, guarded(name, keyword, saved[name]))
         try:
             yield
@@ -306,3 +315,102 @@ def recursive_doubling_all_reduce(fn: Callable, lab: Any = None) -> None:
             f"after them.")
     passed(f"{exercise} matches dist.all_reduce on every rank for {len(case_list)} cases on "
            f"{n} ranks, and on {odd} of them (not a power of two).")
+
+
+def _message_log(fn: Callable) -> list[tuple[str, int]]:
+    """On a rank: the sends and receives ``fn`` makes for one small tensor, as ("send" | "recv", peer)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    log: list[tuple[str, int]] = []
+    saved = {(module, name): getattr(module, name) for module in (dist, c10d) for name in _PEER_KEYWORD}
+
+    depth = [0]              # torch's send may call its own isend: count the outermost call only
+
+    def logged(name, keyword, real):
+        def call(*args, **kwargs):
+            if not depth[0]:
+                log.append(("send" if "send" in name else "recv", _peer(args, kwargs, keyword)))
+            depth[0] += 1
+            try:
+                return real(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return call
+
+    for (module, name), real in saved.items():
+        setattr(module, name, logged(name, _PEER_KEYWORD[name], real))
+    try:
+        with _forbidding(COLLECTIVES, "tree_all_reduce"):
+            fn(_make((6,), "float32", 0, dist.get_rank()))
+    finally:
+        for (module, name), value in saved.items():
+            setattr(module, name, value)
+    dist.barrier()
+    return log
+
+
+def _depth(parents: dict[int, Any]) -> int | None:
+    """Levels below rank 0 of the tree ``parents`` draws (rank -> parent); None if it is no tree."""
+    deepest = 0
+    for rank in parents:
+        level, seen = 0, set()
+        while rank != 0:
+            if rank in seen or rank not in parents:
+                return None
+            seen.add(rank)
+            rank, level = parents[rank], level + 1
+        deepest = max(deepest, level)
+    return deepest
+
+
+def tree_all_reduce(fn: Callable, lab: Any = None) -> None:
+    """Check a tree all_reduce: whole tensors reduced up a tree to rank 0, then broadcast down it.
+
+    Beyond matching ``dist.all_reduce``, the messages must draw a tree: each
+    rank but 0 sends its partial sum up once and receives the result once
+    (2(p-1) messages in all); its first send names its parent; rank 0 takes
+    at most ceil(log2 p) messages (not a star), and the tree is at most
+    ceil(log2 p) levels deep (not a chain).
+    """
+    exercise = "tree_all_reduce"
+    hint = ("in round k (mask = 1 << k) a rank with that bit set sends its tensor to rank - mask "
+            "and stops; a rank without it, if rank + mask < world_size, receives from it and adds. "
+            "Then the same tree backwards: receive from your parent, send to your children.")
+    lab = lab_or_current(lab)
+    check_all_reduce(fn, exercise, COLLECTIVES, hint, lab, quiet=True)
+    logs = run_on_ranks(_message_log, fn, lab=lab, timeout=60)
+    p = lab.world_size
+    levels = (p - 1).bit_length()                       # ceil(log2 p)
+    sends = sum(op == "send" for log in logs for op, _ in log)
+    parents = {rank: next((peer for op, peer in log if op == "send"), None)
+               for rank, log in enumerate(logs) if rank}
+    into_root = sum(op == "recv" for op, _ in logs[0])
+    depth = _depth(parents)
+    problems = []
+    if sends == 0 or None in parents.values():
+        # Its sums are right, so every rank's data left it: a rank with no send
+        # seen sent through a name bound before the check could watch it.
+        raise AssertionError(f"{exercise} sums correctly, but none of its messages could be seen: "
+                             f"call dist.send / dist.recv (or isend / irecv) through `dist.` "
+                             f"(import torch.distributed as dist), so the check can follow them.")
+    if sends != 2 * (p - 1):
+        problems.append(f"{sends} messages were sent in all; a tree sends 2(p-1) = {2 * (p - 1)}: "
+                        f"every rank but 0 sends its partial sum up once, and receives the sum once")
+    if into_root > levels:
+        problems.append(f"rank 0 received {into_root} messages, one from every rank (a star, as "
+                        f"the naive version); in a tree it receives at most ceil(log2 p) = {levels}")
+    if depth is None:
+        problems.append("the first sends do not lead every rank to rank 0: "
+                        + ", ".join(f"{r} -> {parents[r]}" for r in sorted(parents)))
+    elif depth > levels:
+        problems.append(f"the tree is {depth} levels deep (a chain); a binomial tree needs only "
+                        f"ceil(log2 p) = {levels}")
+    if problems:
+        raise AssertionError(f"{exercise} sums correctly on {p} ranks, but its messages do not "
+                             "form a tree:\n" + "\n".join(f"  {line}" for line in problems)
+                             + f"\nHint: {hint}")
+    edges = ", ".join(f"{r} -> {parents[r]}" for r in sorted(parents))
+    passed(f"{exercise} matches dist.all_reduce on every rank for {len(cases())} cases, with "
+           f"{2 * (p - 1)} messages on {p} ranks up and down a tree {depth} levels deep "
+           f"(each rank -> its parent: {edges}).")

@@ -107,7 +107,8 @@ def global_rank(fn: Callable, launch: Any) -> None:
     layout = [(node, local) for node in range(3) for local in range(4)]
     compare("global rank in a 3-node x 4-process job", list(range(len(layout))),
             [fn(node, local, 4) for node, local in layout], hint=hint)
-    passed("global rank = node_rank * nproc_per_node + local_rank, as torchrun numbers them.")
+    passed("global rank = node_rank * nproc_per_node + local_rank, as torchrun numbers them "
+           "with its default, static rendezvous.")
 
 
 def launcher_env(fn: Callable, launch: Any) -> None:

@@ -1,6 +1,7 @@
 """Checkers for notebook 07 (multi-node numbering); see _core for the shared behaviour.
 
     ddplab.check.who_prints(who_prints)    # a prediction made in the kernel, no ranks involved
+    ddplab.check.physical_gpu(physical_gpu)  # a function written in the kernel, called here
 
 The expected answer comes from ``ddplab.hosts.rank_table``, which numbers the
 ranks the way torchrun's static rendezvous does (``tests/test_check_multinode.py``
@@ -13,7 +14,7 @@ from typing import Any
 
 from ._core import passed
 
-__all__ = ["who_prints"]
+__all__ = ["physical_gpu", "who_prints"]
 
 #: The job the exercise asks about.
 NNODES, NPROC_PER_NODE = 2, 3
@@ -71,3 +72,50 @@ def who_prints(answer: Any) -> None:
         raise AssertionError(f"who_prints is wrong for {len(lines)} of {len(GUARDS)} guards on "
                              f"{NNODES} nodes x {NPROC_PER_NODE} processes:\n" + "\n".join(lines))
     passed(f"you know which of the {NNODES * NPROC_PER_NODE} processes print under each guard.")
+
+
+# ----------------------------------------------------------------- physical_gpu
+#: (device index, CUDA_VISIBLE_DEVICES, the physical GPU ``cuda:<index>`` is, or None: no such device).
+#: None for the variable means unset: every GPU is visible, in its own order.
+GPU_CASES = [
+    (0, None, 0), (3, None, 3),
+    (0, "2,3", 2), (1, "2,3", 3),
+    (0, "1,0", 1), (1, "1,0", 0),          # the list's order is the numbering, not sorted
+    (0, "6", 6),
+    (2, "2,3", None), (0, "", None),       # past the visible list; an empty list hides every GPU
+]
+
+#: Workers of one node, as torchrun starts them: (LOCAL_RANK, CUDA_VISIBLE_DEVICES) per worker.
+NODE_PLANS = {
+    "torchrun --nproc_per_node 4, CUDA_VISIBLE_DEVICES=4,5,6,7": [(i, "4,5,6,7") for i in range(4)],
+    "the same with --virtual-local-rank": [(0, str(4 + i)) for i in range(4)],
+}
+
+
+def physical_gpu(fn: Any) -> None:
+    """Check ``fn(index, cuda_visible_devices)``: the physical GPU that ``cuda:<index>`` names.
+
+    ``cuda_visible_devices`` is the variable's value as a string, or None when it
+    is unset; the answer is None when the process has no ``cuda:<index>``.
+    """
+    __tracebackhide__ = True
+    if not callable(fn):
+        raise AssertionError(f"physical_gpu must be a function (index, cuda_visible_devices), got "
+                             f"{type(fn).__name__}. Define it with def in the exercise cell.")
+    lines = []
+    for index, visible, want in GPU_CASES:
+        try:
+            got: Any = fn(index, visible)
+        except Exception as e:                 # a wrong answer, reported like one
+            got = f"raised {type(e).__name__}: {e}"
+        if got != want or isinstance(got, bool):
+            lines.append(f"  physical_gpu({index}, {visible!r}): expected {want!r}, got {got!r}")
+    if lines:
+        raise AssertionError(
+            f"physical_gpu is wrong in {len(lines)} of {len(GPU_CASES)} cases:\n" + "\n".join(lines)
+            + "\nHint: a process numbers the GPUs it sees from 0, in the order CUDA_VISIBLE_DEVICES "
+              "lists them, so cuda:i is the i-th entry of that list (unset: GPU i itself). An index "
+              "past the list's end names no GPU: return None.")
+    plans = "; ".join(f"{name}: workers use GPUs {[fn(*w) for w in workers]}"
+                      for name, workers in NODE_PLANS.items())
+    passed(f"cuda:i is the i-th GPU CUDA_VISIBLE_DEVICES lists. {plans}.")

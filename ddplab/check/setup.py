@@ -43,7 +43,8 @@ def mean_score(lab: Any = None) -> None:
     compare("mean_score", expected, got, atol=1e-5,
             hint="every rank holds a different number of scores, so the mean of the ranks' "
                  "means is not the answer. all_reduce two sums instead: of the scores, and of "
-                 "how many there are; then divide. (gloo has no ReduceOp.AVG.)")
+                 "how many there are; then divide. (ReduceOp.AVG would weigh every rank the same, "
+                 "whatever its number of scores.)")
     passed(f"every rank holds the mean of all {len(every)} scores of the {lab.world_size} ranks.")
 
 

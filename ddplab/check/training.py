@@ -12,6 +12,9 @@
 - ``save_checkpoint()``: ``save_checkpoint(model, path)`` writes the model's
   weights once, from rank 0 only, loadable into a plain model, and no rank
   returns before the file is there.
+- ``train_uneven()``: ``train_uneven(ddp_model, optimizer, batches)`` trains on
+  every one of this rank's batches, when the ranks have different numbers of
+  them, without a deadlock, and ends with the weights of a ``Join``-ed loop.
 
 Each checker calls the student's code on the ranks with inputs it made
 itself, and computes what is right in the kernel, independently of it.
@@ -26,7 +29,7 @@ from typing import Any
 
 from ._core import compare, lab_or_current, passed, require_function, run_on_ranks, run_student_code
 
-__all__ = ["epoch_loader", "global_accuracy", "save_checkpoint", "wrap_model"]
+__all__ = ["epoch_loader", "global_accuracy", "save_checkpoint", "train_uneven", "wrap_model"]
 
 _MISSING = "<no such function on this rank>"
 _TIMEOUT = 60.0
@@ -236,3 +239,85 @@ def save_checkpoint(lab: Any = None, delay: float = 1.0) -> None:
             hint="the other ranks must wait until rank 0 has written: dist.barrier() after saving, "
                  "on every rank.")
     passed("only rank 0 writes the checkpoint, a plain model loads it, and no rank returns early.")
+
+
+# --------------------------------------------------------------- train_uneven
+#: Seconds a train_uneven answer may take: the checker's loops are a few tiny steps,
+#: so a rank still waiting after this waits for a rank that ran out of batches.
+_UNEVEN_TIMEOUT = 20.0
+
+
+def _uneven_batches(rank: int) -> list:
+    """Rank ``rank``'s batches for the check: 2 + 2*rank of them, so no two ranks have as many."""
+    import torch
+    g = torch.Generator().manual_seed(100 + rank)
+    return [(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g))
+            for _ in range(2 + 2 * rank)]
+
+
+def _joined_loop(ddp_model, optimizer, batches) -> int:
+    """The reference: one SGD step per batch inside ``Join``; the number of steps."""
+    import torch
+    from torch.distributed.algorithms import Join
+    steps = 0
+    with Join([ddp_model]):
+        for x, y in batches:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(ddp_model(x), y).backward()
+            optimizer.step()
+            steps += 1
+    return steps
+
+
+def _uneven_answers(student) -> dict:
+    """On a rank: the student's loop and the reference, each from the same fresh DDP model."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddplab.train import device_for_this_rank
+
+    device = device_for_this_rank()
+    ids = [device.index] if device.type == "cuda" else None
+    batches = [(x.to(device), y.to(device)) for x, y in _uneven_batches(dist.get_rank())]
+    results = {}
+    # The reference first: after a student's loop that deadlocks, a rank that finished
+    # must meet nothing more (a later collective there could pair with a stuck one).
+    for who, loop in (("reference", _joined_loop), ("student", student)):
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Linear(4, 1).to(device), device_ids=ids)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        steps = loop(model, optimizer, batches)
+        weights = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+        results[who] = {"steps": steps, "weights": weights}
+    return {"batches": len(batches), **results}
+
+
+def train_uneven(lab: Any = None) -> None:
+    """Check ``train_uneven(ddp_model, optimizer, batches)`` on ranks with 2, 4, 6, ... batches.
+
+    Each rank must take one step per batch of its own (returning how many), the
+    loop must end on every rank (no rank left waiting in DDP's all_reduce for a
+    rank that ran out), and the weights must be those of the same loop inside
+    ``torch.distributed.algorithms.Join``.
+    """
+    lab = lab_or_current(lab)
+    got = run_student_code(
+        "train_uneven(...)", _with_function, "train_uneven", _uneven_answers, lab=lab,
+        timeout=_UNEVEN_TIMEOUT,
+        hint="a rank that ran out of batches stopped calling backward(), and the others wait in "
+             "DDP's all_reduce for it. Wrap the loop in `with Join([ddp_model]):` "
+             "(from torch.distributed.algorithms import Join).")
+    require_function(got, "train_uneven", _MISSING)
+    n = lab.world_size
+    compare("steps taken, one per batch of the rank", [g["batches"] for g in got],
+            [g["student"]["steps"] for g in got],
+            hint="take one optimizer step per batch of this rank, all of them (cutting every rank "
+                 "to the fewest batches avoids the deadlock but throws data away), and return "
+                 "the number of steps.")
+    compare("the weights after the loop", [g["reference"]["weights"] for g in got],
+            [g["student"]["weights"] for g in got], atol=1e-6,
+            hint="per batch: optimizer.zero_grad(), the loss "
+                 "torch.nn.functional.mse_loss(ddp_model(x), y), backward(), optimizer.step().")
+    passed(f"ranks with {', '.join(str(g['batches']) for g in got)} batches each trained on all "
+           f"of theirs, and the {n} ranks ended with the same weights.")
