@@ -237,9 +237,13 @@ def test_two_labs_started_at_the_same_moment_never_clash(tmp_path):
                                   text=True)
                  for name in ("a", "b")]
     try:
-        for proc in stand_ins:
-            out, err = proc.communicate(timeout=tries * 30)
-            assert proc.returncode == 0 and out.strip().endswith("ok"), err[-3000:]
+        # Both answers first: when one stand-in fails, the other only waits at
+        # the barrier, and the failure worth reading is the first one's.
+        outputs = [proc.communicate(timeout=tries * 30) for proc in stand_ins]
+        failed = [f"stand-in {name} (exit {proc.returncode}):\n{err[-3000:]}"
+                  for name, proc, (out, err) in zip("ab", stand_ins, outputs)
+                  if proc.returncode != 0 or not out.strip().endswith("ok")]
+        assert not failed, "\n".join(failed)
     finally:
         for proc in stand_ins:                        # never leave a stand-in running
             procs.end_tree(proc, grace=5)
