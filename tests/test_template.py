@@ -200,3 +200,31 @@ def test_kernels_borrow_one_template_that_ends_a_dead_kernels_engines():
             kernel.wait()
         shared.stop()
     assert shared.process.poll() is not None and not os.path.exists(shared.directory)
+
+
+ORPHANED_BORROWER = textwrap.dedent("""
+    import os, ddplab
+    from ddplab.lab import template
+    with ddplab.start(world_size=2, backend="gloo") as lab:
+        own = template.shared()
+        assert type(own) is template.Template, type(own)
+        assert lab.run(os.getppid) == [own.process.pid] * 2, "engines not forked from its own template"
+        print("RANKS", *lab.run(lambda: __import__("torch.distributed").distributed.get_rank()))
+""")
+
+
+def test_a_kernel_whose_borrowed_template_died_forks_from_its_own():
+    """A grading run's template killed mid-class: the next submissions still run, one import slower."""
+    dead = template.Template()
+    dead.wait_ready()
+    procs.send(dead.process, signal.SIGKILL)          # no clean-up: its socket file stays
+    dead.process.wait()
+    try:
+        assert os.path.exists(dead.socket_path), "the test needs the dead template's socket file"
+        env = dict(os.environ, **{template.BORROW_ENV: dead.socket_path})
+        result = subprocess.run([sys.executable, "-c", ORPHANED_BORROWER], capture_output=True,
+                                text=True, env=env, timeout=180)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "RANKS 0 1\n" in result.stdout, result.stdout
+    finally:
+        dead.stop()

@@ -23,7 +23,8 @@ which kernel asked (``owner``), and the template ends that kernel's engines and
 removes its labs' directories when the kernel dies, as a kernel's own template
 does. Nothing a kernel runs reaches the template: it only ever forks
 ``ddplab.rank.guard`` children, each a fresh copy of a process that never ran
-a submission's code.
+a submission's code. If that template dies mid-class, the next kernels find
+its socket unanswered and start templates of their own: slower, same grades.
 """
 
 from __future__ import annotations
@@ -134,20 +135,31 @@ class BorrowedTemplate(Template):
 
     @property
     def alive(self) -> bool:
-        return os.path.exists(self.socket_path)
+        # A killed template leaves its socket file behind: ask whether anyone
+        # listens on it (a refused connect costs microseconds).
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(5)
+            try:
+                probe.connect(self.socket_path)
+            except OSError:
+                return False
+        return True
 
     def stop(self) -> None:
         """Nothing to do: not ours to end (our engines end with our labs, or with this kernel)."""
 
 
 def _borrowed() -> BorrowedTemplate | None:
+    """The template ``DDPLAB_TEMPLATE`` names, if it still answers.
+
+    If it died (a grading run's template, killed mid-class), this kernel starts
+    a template of its own: the same engines, one import of torch slower.
+    """
     path = os.environ.get(BORROW_ENV)
     if not path:
         return None
-    if not os.path.exists(path):
-        raise DdplabError(f"ddplab: {BORROW_ENV}={path} names an engine template that is not "
-                          f"running. Unset {BORROW_ENV} (only ddplab grade sets it).")
-    return BorrowedTemplate(path)
+    borrowed = BorrowedTemplate(path)
+    return borrowed if borrowed.alive else None
 
 
 _template: Template | None = None
