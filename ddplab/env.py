@@ -70,6 +70,34 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def hold_ports(count: int, host: str = "127.0.0.1") -> list[socket.socket]:
+    """Reserve ``count`` ports for a server another process will start; the holding sockets.
+
+    ``free_port`` leaves a gap: between the check and the server's own bind,
+    any other process can get the port, from a ``bind`` to port 0 or as the
+    local end of an outgoing connection. Two labs starting at once on one
+    machine do exactly that to each other.
+
+    Each port here stays bound, with ``SO_REUSEADDR``, but never listening.
+    Linux then refuses the port to every other ``bind`` and skips it for
+    outgoing connections, yet lets a server that sets ``SO_REUSEADDR`` itself
+    (ZeroMQ does, so ipyparallel's controller does) bind and listen on it.
+    Close the sockets once the server is gone.
+    """
+    held = []
+    try:
+        for _ in range(count):
+            hold = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(hold)
+            hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            hold.bind((host, 0))
+    except OSError:
+        for hold in held:
+            hold.close()
+        raise
+    return held
+
+
 #: Memory one local rank needs: an idle engine forked from the template holds
 #: about 190 MB resident (measured with 4 ranks, gloo, after one all_reduce),
 #: plus room for the small tensors and models of a lesson.

@@ -8,6 +8,7 @@ import _thread
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -248,6 +249,33 @@ def test_two_labs_started_at_the_same_moment_never_clash(tmp_path):
         for proc in stand_ins:                        # never leave a stand-in running
             procs.end_tree(proc, grace=5)
             proc.wait()
+
+
+def test_the_controller_listens_only_on_ports_the_lab_holds_until_it_stops():
+    """What keeps two labs from clashing: no port of the controller was free for the taking."""
+    from ddplab.lab.cluster import Lab, LabSpec
+    lab = Lab(LabSpec(world_size=2, backend="gloo", timeout=60, grace=2.0, pg_timeout=1800,
+                      debug=False), gpus=0).start()
+    try:
+        held = {hold.getsockname()[1] for hold in lab._port_holds}
+        controller = psutil.Process(lab._cluster.controller.process.pid)
+        tree = {controller.pid, *(p.pid for p in controller.children(recursive=True))}
+        listening = {c.laddr.port for c in psutil.net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN and c.pid in tree}
+        assert len(listening) >= 10, "expected the controller and its schedulers to listen"
+        assert listening <= held, f"picked by the controller itself: {sorted(listening - held)}"
+        intruder = socket.socket()
+        with pytest.raises(OSError):                  # nobody else can take a held port
+            intruder.bind(("127.0.0.1", min(held - listening)))
+        intruder.close()
+    finally:
+        lab.stop()
+    assert lab._port_holds == []
+    # Given back: bindable again. (Ports the controller used may sit in
+    # TIME_WAIT for a minute, as after any server, so try the spare ones.)
+    for port in held - listening:
+        with socket.socket() as again:
+            again.bind(("127.0.0.1", port))
 
 
 # 7. Security -----------------------------------------------------------------

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .. import procs, progress
-from ..env import check_timeout, choose_backend, free_port, omp_threads, worker_env
+from ..env import check_timeout, choose_backend, free_port, hold_ports, omp_threads, worker_env
 from ..errors import ConfigError, DdplabError, EngineDiedError, HangError, RankError
 from ..rank import engine
 from ..text import plural
@@ -36,6 +36,11 @@ _GUARD = [sys.executable, "-m", "ddplab.rank.guard"]
 # long enough for a starved engine on a loaded laptop to answer.
 _HEARTBEAT_MS = 100
 _HEARTBEAT_MISSES = 30
+# The ports of ipyparallel's controller: 19 with its default schedulers (9 for
+# engines, 6 for clients, 3 between schedulers, 1 monitor), and room to spare.
+# ddplab holds them while the lab runs (env.hold_ports) instead of letting the
+# controller pick free ports that another lab starting this moment could take.
+_CONTROLLER_PORTS = 24
 # After one rank fails, how long the others get to finish before we conclude
 # they are waiting for it (in a collective, or a recv) and report the failure.
 FAILURE_SETTLE = 1.0
@@ -84,6 +89,7 @@ class Lab:
         self._pids: list[int] = []         # index: torch rank
         self._handles: list = []           # psutil handles of local engines, index: torch rank
         self._dir = ""
+        self._port_holds: list = []        # sockets keeping the controller's ports ours
         self._pending: list[Task] = []
         self._broken = ""                  # why the lab needs a restart, if it does
         self._groups = 0                   # process groups formed: names each store and init file
@@ -182,6 +188,8 @@ class Lab:
         forked = template.enabled()
         if forked:
             template.warm()      # torch imports in the template while the controller starts
+        self._port_holds = hold_ports(_CONTROLLER_PORTS, HOST)
+        ports = ",".join(str(hold.getsockname()[1]) for hold in self._port_holds)
         cluster = ipp.Cluster(
             n=n, profile_dir=self._dir, cluster_id="lab", log_level=logging.ERROR,
             # ipyparallel's own exit handler would stop the cluster before ours runs,
@@ -191,7 +199,8 @@ class Lab:
             controller_ip=HOST, delay=0, engine_timeout=max(60, int(self.spec.timeout)),
             # Engines start at once and load torch while the controller comes up.
             send_engines_connection_env=False,
-            controller_args=[f"--HeartMonitor.period={_HEARTBEAT_MS}",
+            controller_args=[f"--IPController.ports={ports}",
+                             f"--HeartMonitor.period={_HEARTBEAT_MS}",
                              f"--HeartMonitor.max_heartmonitor_misses={_HEARTBEAT_MISSES}"],
             **({"engine_launcher_class": template.ForkedEngineSetLauncher} if forked else {}))
         config = cluster.config
@@ -303,6 +312,9 @@ class Lab:
         """Drop what a stopped lab held: pending cells, ranks, its directory, its atexit hook."""
         self._pending.clear()
         self._pids, self._handles, self._engine_ids = [], [], []
+        for hold in self._port_holds:    # the controller is gone: its ports go back
+            hold.close()
+        self._port_holds = []
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = ""
