@@ -105,8 +105,41 @@ _PEER_KEYWORD = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 
 
 def _peer(args: tuple, kwargs: dict, keyword: str) -> Any:
-    """The other rank of a send or recv call: ``dst=``/``src=``, or its second argument."""
-    return kwargs.get(keyword, args[1] if len(args) > 1 else None)
+    """The other rank of a send or recv call, as a global rank.
+
+    ``dst=``/``src=`` or the second argument; or ``group_dst=``/``group_src=``,
+    a rank within ``group=``, which is how ``batch_isend_irecv`` calls each op.
+    """
+    if keyword in kwargs or len(args) > 1:
+        return kwargs.get(keyword, args[1] if len(args) > 1 else None)
+    group_peer, group = kwargs.get("group_" + keyword), kwargs.get("group")
+    if group_peer is None or group is None:
+        return group_peer
+    import torch.distributed as dist
+    return dist.get_global_rank(group, group_peer)
+
+
+def _swap_peer_calls(wrap: Callable) -> Callable[[], None]:
+    """Replace send/recv/isend/irecv by ``wrap(name, keyword, real)``; returns the undo.
+
+    One replacement per name, set in both ``torch.distributed`` and
+    ``distributed_c10d``: ``P2POp`` accepts an op only if it *is*
+    ``distributed_c10d.isend`` or ``irecv``, so a student's
+    ``P2POp(dist.isend, ...)`` must find the very same object there.
+    """
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    saved = {(module, name): getattr(module, name) for module in (dist, c10d) for name in _PEER_KEYWORD}
+    for name, keyword in _PEER_KEYWORD.items():
+        replacement = wrap(name, keyword, saved[(dist, name)])
+        for module in (dist, c10d):
+            setattr(module, name, replacement)
+
+    def undo() -> None:
+        for (module, name), value in saved.items():
+            setattr(module, name, value)
+    return undo
 
 
 def _as_world(world: int | None, strays: list[str]):
@@ -132,7 +165,7 @@ def _as_world(world: int | None, strays: list[str]):
         if world is None:
             yield
             return
-        saved = {name: getattr(dist, name) for name in [*_PEER_KEYWORD, "get_world_size"]}
+        real_world_size = dist.get_world_size
 
         def guarded(name, keyword, real):
             def call(*args, **kwargs):
@@ -143,14 +176,13 @@ def _as_world(world: int | None, strays: list[str]):
                 return real(*args, **kwargs)
             return call
 
-        dist.get_world_size = lambda group=None: world if group is None else saved["get_world_size"](group)
-        for name, keyword in _PEER_KEYWORD.items():
-            setattr(dist, name, guarded(name, keyword, saved[name]))
+        dist.get_world_size = lambda group=None: world if group is None else real_world_size(group)
+        undo = _swap_peer_calls(guarded)
         try:
             yield
         finally:
-            for name, value in saved.items():
-                setattr(dist, name, value)
+            undo()
+            dist.get_world_size = real_world_size
     return pretend()
 
 
@@ -320,11 +352,8 @@ def recursive_doubling_all_reduce(fn: Callable, lab: Any = None) -> None:
 def _message_log(fn: Callable) -> list[tuple[str, int]]:
     """On a rank: the sends and receives ``fn`` makes for one small tensor, as ("send" | "recv", peer)."""
     import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
 
     log: list[tuple[str, int]] = []
-    saved = {(module, name): getattr(module, name) for module in (dist, c10d) for name in _PEER_KEYWORD}
-
     depth = [0]              # torch's send may call its own isend: count the outermost call only
 
     def logged(name, keyword, real):
@@ -338,14 +367,12 @@ def _message_log(fn: Callable) -> list[tuple[str, int]]:
                 depth[0] -= 1
         return call
 
-    for (module, name), real in saved.items():
-        setattr(module, name, logged(name, _PEER_KEYWORD[name], real))
+    undo = _swap_peer_calls(logged)
     try:
         with _forbidding(COLLECTIVES, "tree_all_reduce"):
             fn(_make((6,), "float32", 0, dist.get_rank()))
     finally:
-        for (module, name), value in saved.items():
-            setattr(module, name, value)
+        undo()
     dist.barrier()
     return log
 
