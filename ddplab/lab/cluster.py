@@ -36,8 +36,9 @@ _GUARD = [sys.executable, "-m", "ddplab.rank.guard"]
 # long enough for a starved engine on a loaded laptop to answer.
 _HEARTBEAT_MS = 100
 _HEARTBEAT_MISSES = 30
-# The ports of ipyparallel's controller: 19 with its default schedulers (9 for
-# engines, 6 for clients, 3 between schedulers, 1 monitor), and room to spare.
+# The ports of ipyparallel's controller: 18 with its default schedulers (engines'
+# and clients' channels, those between schedulers, the monitor), and room to
+# spare; tests/test_reliability.py checks that it listens on no other.
 # ddplab holds them while the lab runs (env.hold_ports) instead of letting the
 # controller pick free ports that another lab starting this moment could take.
 _CONTROLLER_PORTS = 24
