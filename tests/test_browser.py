@@ -24,12 +24,15 @@ Chromium, the test skips and says why.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -121,16 +124,32 @@ def wait_for_server(proc: subprocess.Popen, runtime: Path, token: str, log: Path
 
 
 def end_processes(proc: subprocess.Popen, started: set[int]) -> None:
-    """End the server, the kernel it started and the kernel's ranks (ddplab.procs: SIGTERM,
-    on which jupyter shuts its kernels down, then SIGKILL). Only processes this test started:
-    the server's session and tree, and what appeared in this process's tree since ``started``."""
+    """End the server, the kernel it started and the kernel's ranks. Only processes this test
+    started: the server's session and tree, and what appeared in this process's tree since
+    ``started``.
+
+    First the server alone gets SIGTERM, as from Ctrl-C in its terminal: jupyter shuts its
+    kernels down, and each kernel's exit stops its lab. Then whatever is left gets ddplab.procs'
+    policy (SIGTERM, then SIGKILL). Signalling everything at once would end a lab's controller
+    beside its kernel, so neither would remove the lab's directory.
+    """
     family = procs.Tree([proc], sessions=True)
     family.note()
     for pid in my_process_tree() - started:
         family.add(pid)
+    procs.send(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass                                        # the policy below ends it
     alive = family.end(grace=30)
     proc.wait()
     assert not alive, f"ddplab: processes the browser test started survived a kill: {alive}"
+
+
+def lab_dirs() -> set[str]:
+    """The local labs' directories now in this machine's temporary folder."""
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "ddplab-*")))
 
 
 def answer_every_exercise(path: Path) -> None:
@@ -168,7 +187,7 @@ def jupyter_lab(tmp_path):
                "--LabApp.expose_app_in_browser=True"]
     if os.getuid() == 0:
         command.append("--allow-root")
-    started = my_process_tree()
+    started, dirs_before = my_process_tree(), lab_dirs()
     with log.open("w") as out:
         proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -176,6 +195,8 @@ def jupyter_lab(tmp_path):
         yield wait_for_server(proc, Path(env["JUPYTER_RUNTIME_DIR"]), token, log), token
     finally:
         end_processes(proc, started)
+    left = lab_dirs() - dirs_before
+    assert not left, f"the kernel's lab left its directory behind: {sorted(left)}"
 
 
 # In the page: each cell of the open notebook, from JupyterLab's model and from what is drawn.
