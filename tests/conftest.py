@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import glob
 import os
+import tempfile
 
 import psutil
 import pytest
@@ -52,6 +54,11 @@ def fresh_lab4(lab4):
         lab4.restart()
     ddplab.lab.cluster.make_current(lab4)
     return lab4
+
+
+def lab_dirs() -> set[str]:
+    """The local labs' (and engine templates') directories now in the temporary folder."""
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "ddplab-*")))
 
 
 def my_process_tree() -> set[int]:

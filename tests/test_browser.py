@@ -24,7 +24,6 @@ Chromium, the test skips and says why.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -32,7 +31,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -40,7 +38,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import my_process_tree
+from conftest import lab_dirs, my_process_tree
 
 from ddplab import procs
 
@@ -145,11 +143,6 @@ def end_processes(proc: subprocess.Popen, started: set[int]) -> None:
     alive = family.end(grace=30)
     proc.wait()
     assert not alive, f"ddplab: processes the browser test started survived a kill: {alive}"
-
-
-def lab_dirs() -> set[str]:
-    """The local labs' directories now in this machine's temporary folder."""
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "ddplab-*")))
 
 
 def answer_every_exercise(path: Path) -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import glob
 import os
-import tempfile
 import time
 
 import pytest
 import torch
-from conftest import my_process_tree
+from conftest import lab_dirs, my_process_tree
 
 import ddplab
 from ddplab.lab.cluster import Lab, LabSpec
@@ -100,11 +98,11 @@ def test_default_is_the_prebound_store():
 ])
 def test_bad_init_method_fails_fast_and_starts_nothing(value, words):
     before = my_process_tree()
-    dirs_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "ddplab-*")))
+    dirs_before = lab_dirs()
     begin = time.perf_counter()
     with pytest.raises(ddplab.ConfigError, match=words) as info:
         ddplab.start(world_size=2, backend="gloo", init_method=value)
     assert time.perf_counter() - begin < 1.0
     assert "Use" in str(info.value)
     assert my_process_tree() <= before
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "ddplab-*"))) <= dirs_before
+    assert lab_dirs() <= dirs_before

@@ -1,12 +1,9 @@
 """Bad input to ddplab.start fails in under a second, clearly, and starts no process."""
 
-import glob
-import os
-import tempfile
 import time
 
 import pytest
-from conftest import my_process_tree
+from conftest import lab_dirs, my_process_tree
 
 import ddplab
 
@@ -28,11 +25,11 @@ import ddplab
     (dict(world_size=2, hosts=["127.0.0.1"], init_method="tcp"), "always joins its ranks at rank 0"),
 ])
 def test_bad_input_fails_fast_and_starts_nothing(kwargs, words):
-    before, dirs_before = my_process_tree(), set(glob.glob(os.path.join(tempfile.gettempdir(), "ddplab-*")))
+    before, dirs_before = my_process_tree(), lab_dirs()
     begin = time.perf_counter()
     with pytest.raises(ddplab.ConfigError, match=words) as info:
         ddplab.start(**kwargs)
     assert time.perf_counter() - begin < 1.0
     assert "Use" in str(info.value)          # every message names the fix
     assert my_process_tree() <= before
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "ddplab-*"))) <= dirs_before
+    assert lab_dirs() <= dirs_before

@@ -110,8 +110,10 @@ def _peer(args: tuple, kwargs: dict, keyword: str) -> Any:
     ``dst=``/``src=`` or the second argument; or ``group_dst=``/``group_src=``,
     a rank within ``group=``, which is how ``batch_isend_irecv`` calls each op.
     """
-    if keyword in kwargs or len(args) > 1:
-        return kwargs.get(keyword, args[1] if len(args) > 1 else None)
+    if keyword in kwargs:
+        return kwargs[keyword]
+    if len(args) > 1:
+        return args[1]
     group_peer, group = kwargs.get("group_" + keyword), kwargs.get("group")
     if group_peer is None or group is None:
         return group_peer
