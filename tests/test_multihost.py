@@ -30,7 +30,8 @@ import pytest
 import ddplab
 from ddplab import procs
 from ddplab.hosts import Engine, place, rank_env, rank_table
-from ddplab.lab import multihost
+from ddplab.lab import hostlaunch, multihost
+from ddplab.lab.ranks import heartbeat_args
 
 PER_HOST = 2
 HOSTS = 2
@@ -65,14 +66,14 @@ def test_hostlab_overrides_only_the_hooks_lab_names():
 
 def test_hosts_must_split_world_size():
     with pytest.raises(ddplab.ConfigError, match="does not split evenly over 3 hosts"):
-        multihost._split_hosts(["a", "b", "c"], 4)
+        hostlaunch.split_hosts(["a", "b", "c"], 4)
     with pytest.raises(ddplab.ConfigError, match="hosts takes a list"):
-        multihost._split_hosts("a", 4)
-    assert multihost._split_hosts({"a": 3, "b": 1}, 4) == {"a": 3, "b": 1}
+        hostlaunch.split_hosts("a", 4)
+    assert hostlaunch.split_hosts({"a": 3, "b": 1}, 4) == {"a": 3, "b": 1}
 
 
 def test_security_args_keep_signing_with_curve():
-    args = multihost.security_args()
+    args = hostlaunch.security_args()
     assert "--IPController.enable_curve=True" in args
     key = [a for a in args if a.startswith("--Session.key=")][0].split("=", 1)[1]
     assert len(key) == 64
@@ -168,8 +169,8 @@ def hosts_lab():
         guard = [sys.executable, "-m", "ddplab.rank.guard"]
         common = [f"--profile-dir={work}", "--cluster-id=netns"]
         processes.append(_spawn(guard + ["ipyparallel.controller", f"--ip={network.root_ip}",
-                                         f"--HeartMonitor.period={multihost.HEARTBEAT_MS}",
-                                         *multihost.security_args(), *common],
+                                         *heartbeat_args(),
+                                         *hostlaunch.security_args(), *common],
                                 f"{work}/controller.log"))
         engines: dict[str, list[subprocess.Popen]] = {}
         spawned = 0
@@ -394,10 +395,10 @@ def test_launchers_are_ipyparallels_own(engines, section, tmp_path):
     from ddplab.lab.cluster import LabSpec
     spec = LabSpec(world_size=4, backend="gloo", timeout=60, grace=2, pg_timeout=1800, debug=False)
     counts = {"node1": 2, "user@node2:2222": 2} if engines == "ssh" else None
-    cluster = multihost._configure(str(tmp_path), spec, engines=engines, counts=counts,
-                                   listen="10.1.2.3", location="10.1.2.3", ssh_cmd=None,
-                                   remote_python="python3",
-                                   config={section: {"mpi_args": ["-x"]}})
+    launch = hostlaunch.Launch(engines=engines, counts=counts, listen="10.1.2.3",
+                               location="10.1.2.3", ssh_cmd=None, remote_python="python3",
+                               config={section: {"mpi_args": ["-x"]}})
+    cluster = launch.configure(str(tmp_path), spec)
     assert type(cluster).__name__ == "Cluster"
     assert cluster.engine_launcher_class.__name__ == section
     assert cluster.controller_ip == "10.1.2.3"

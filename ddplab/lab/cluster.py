@@ -27,6 +27,7 @@ from ..errors import ConfigError, DdplabError, EngineDiedError, HangError, RankE
 from ..rank import engine
 from ..text import plural
 from . import diagnose, display, fanout, live, template
+from .ranks import LabSpec
 
 HOST = "127.0.0.1"
 _GUARD = [sys.executable, "-m", "ddplab.rank.guard"]
@@ -54,18 +55,6 @@ class Task:
     result: Any                    # ipyparallel AsyncResult
     note: str = ""                 # label suffix when shown late
     outcome: dict | None = field(default=None)
-
-
-@dataclass(frozen=True, kw_only=True)
-class LabSpec:
-    """The arguments a lab was started with, by name; equal specs share one lab."""
-    world_size: int
-    backend: str
-    timeout: float
-    grace: float
-    pg_timeout: float
-    debug: bool
-    init_method: str | None = "store"   # see ddplab.start(); None: bare ranks
 
 
 class Lab:

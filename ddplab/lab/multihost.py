@@ -44,40 +44,28 @@ gloo's connections are plain TCP between the hosts: use a private network.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
-import secrets
 import signal
-import socket
 import sys
 import time
 from dataclasses import replace
 from typing import Any
 
 from .. import hosts as placing
-from ..env import check_timeout, check_world_size, choose_host_backend, omp_threads
+from ..env import check_timeout, check_world_size, choose_host_backend
 from ..errors import ConfigError, DdplabError, EngineDiedError
 from ..rank import engine
-from . import cluster, display, magics
+from . import cluster, display, hostlaunch, magics
 from .cluster import Lab, LabSpec, Task
+from .ranks import HEARTBEAT_LOSS_S
 
-#: Launchers ``start(engines=...)`` accepts: ipyparallel's own names.
-ENGINE_LAUNCHERS = ("ssh", "mpi", "slurm")
-#: The controller pings engines this often (ms); an engine that misses 10 pings
-#: in a row is declared lost, so a lost host is reported within about 5 s.
-HEARTBEAT_MS = 500
 #: How long to wait for that heartbeat verdict once gloo says a peer hung up.
-LOSS_WAIT = 2 * 10 * HEARTBEAT_MS / 1000
+LOSS_WAIT = 2 * HEARTBEAT_LOSS_S
 #: After a first lost rank, how long to wait for the rest of its host to be
 #: declared lost too (a heartbeat period or so apart; 3 s is ipcluster's period).
 _SETTLE_S = 4.0
 _LOST_PEER = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Socket Timeout")
-
-
-def security_args() -> list[str]:
-    """ipcontroller arguments: CurveZMQ on, and message signing kept on with a fresh key."""
-    return ["--IPController.enable_curve=True", f"--Session.key={secrets.token_hex(32)}"]
 
 
 class _Result:
@@ -111,24 +99,20 @@ class HostLab(Lab):
     # Engines on other hosts are placed afresh at every start: restart re-forms the whole lab.
     restart_keeps_controller = False
 
-    def __init__(self, spec: LabSpec, *, connect=None, launch: dict | None = None,
+    def __init__(self, spec: LabSpec, *, connect=None, launch: hostlaunch.Launch | None = None,
                  host_order: list[str] = ()) -> None:
         super().__init__(replace(spec, backend="gloo"), 0)   # the backend is chosen per host later
         self.spec, self._asked = spec, spec
-        self._connect, self._launch_args = connect, launch
+        self._connect, self._launch = connect, launch
         self._host_order = list(host_order)
         self.placements: list[placing.Placement] = []
         self._engines: dict[int, placing.Engine] = {}
 
     # ------------------------------------------------------------- forming
     def _bring_up(self) -> None:
-        if self._launch_args is not None:
-            self._cluster = _configure(self._dir, self.spec, **self._launch_args)
-            self._cluster.start_cluster_sync(n=self._asked.world_size)
-            self._client = self._cluster.connect_client_sync()
-        else:
-            self._client = self._connect()
-            self._cluster = self._client        # "running" means: we hold a connection
+        self._client = (self._launch.start(self._dir, self._asked) if self._launch is not None
+                        else self._connect())
+        self._cluster = self._client            # "running" means: we hold a connection
         self._form()
 
     def _form(self) -> None:
@@ -252,7 +236,6 @@ class HostLab(Lab):
     # ------------------------------------------------------------- ending
     def _shut_down(self) -> None:
         """Close our connection; stop the engines only if this lab started them."""
-        owned = self._launch_args is not None
         client, self._client, self._cluster = self._client, None, None
         if client is not None:
             alive = set(client.ids)
@@ -264,12 +247,9 @@ class HostLab(Lab):
                     r.get(2)
                 except Exception:
                     pass
-            if owned and client._cluster is not None:
-                try:
-                    client._cluster.stop_cluster_sync()
-                except Exception:
-                    pass
             client.close()
+        if self._launch is not None:
+            self._launch.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -301,64 +281,6 @@ def _url_host(url: str) -> str:
     return "127.0.0.1" if host in ("*", "0.0.0.0", "") else host
 
 
-def _split_hosts(hosts_arg, world_size: int) -> dict[str, int]:
-    """``["a", "b"]`` with world_size 4 -> ``{"a": 2, "b": 2}``; a dict is taken as given."""
-    if isinstance(hosts_arg, str):
-        raise ConfigError(f"ddplab: hosts={hosts_arg!r} is one string; hosts takes a list. "
-                          f"Use hosts=[{hosts_arg!r}].")
-    if isinstance(hosts_arg, dict):
-        counts = {str(h): int(k) for h, k in hosts_arg.items()}
-    else:
-        names = [str(h) for h in hosts_arg]
-        if not names or world_size % len(names):
-            raise ConfigError(f"ddplab: world_size={world_size} does not split evenly over "
-                              f"{len(names)} hosts. Use a multiple of {len(names) or 1}, or "
-                              f"hosts={{'host': ranks, ...}}.")
-        counts = {h: world_size // len(names) for h in names}
-    if sum(counts.values()) != world_size:
-        raise ConfigError(f"ddplab: hosts={counts} hold {sum(counts.values())} ranks, but "
-                          f"world_size={world_size}. Make them agree.")
-    return counts
-
-
-def _address(host: str) -> str:
-    name = host.split("@", 1)[-1].split(":", 1)[0]
-    try:
-        return socket.gethostbyname(name)
-    except OSError:
-        return name
-
-
-def _configure(profile_dir: str, spec: LabSpec, *, engines: str, counts: dict[str, int] | None,
-               listen: str, location: str, ssh_cmd: list[str] | None, remote_python: str,
-               config: dict | None):
-    """An ipyparallel Cluster (not started): our controller, engines by ipyparallel's launcher."""
-    import ipyparallel as ipp
-    cluster = ipp.Cluster(
-        engines=engines, n=spec.world_size, profile_dir=profile_dir, cluster_id="lab",
-        log_level=logging.ERROR, controller_ip=listen, controller_location=location, delay=0,
-        engine_timeout=max(120, int(spec.timeout)),
-        controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", *security_args()])
-    c = cluster.config
-    launcher = {"ssh": "SSHEngineSetLauncher", "mpi": "MPIEngineSetLauncher",
-                "slurm": "SlurmEngineSetLauncher"}[engines]
-    # The guard preloads torch; no parent watch: the kernel is not the parent there.
-    c[launcher].engine_cmd = [remote_python, "-m", "ddplab.rank.guard", "ipyparallel.engine"]
-    c[launcher].environment = {"DDPLAB_PRELOAD": "torch", "OMP_NUM_THREADS": str(
-        omp_threads(max(counts.values()) if counts else 1))}
-    if spec.debug:
-        c[launcher].environment["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    if engines == "ssh":
-        c.SSHEngineSetLauncher.engines = dict(counts)
-        c.SSHEngineSetLauncher.remote_python = remote_python
-        if ssh_cmd:
-            c.SSHEngineSetLauncher.ssh_cmd = list(ssh_cmd)
-            c.SSHEngineLauncher.ssh_cmd = list(ssh_cmd)
-    for section, values in (config or {}).items():
-        c[section].update(values)
-    return cluster
-
-
 def start_hosts(world_size: int, backend: str = "auto", timeout: float = 60, *,
                 hosts=None, engines: str | None = None, listen: str | None = None,
                 ssh_cmd: list[str] | None = None, remote_python: str = "python3",
@@ -376,24 +298,12 @@ def start_hosts(world_size: int, backend: str = "auto", timeout: float = 60, *,
     - ``config``: more launcher settings, ``{"SlurmEngineSetLauncher": {"account": "x"}}``.
     """
     n = check_world_size(world_size)
-    engines = engines or ("ssh" if hosts is not None else None)
-    if engines not in ENGINE_LAUNCHERS:
-        raise ConfigError(f"ddplab: engines={engines!r} is not a launcher ddplab uses. Use one "
-                          f"of {', '.join(map(repr, ENGINE_LAUNCHERS))}, or hosts=[...] for ssh.")
-    counts = _split_hosts(hosts, n) if hosts is not None else None
-    if engines == "ssh" and not counts:
-        raise ConfigError("ddplab: engines='ssh' needs the hosts to start them on. "
-                          "Use hosts=['node1', 'node2'].")
-    order = [_address(h) for h in counts] if counts else []
-    if listen is None:
-        listen = placing.local_address(order[0]) if order else "*"
-    location = socket.gethostname() if listen in ("*", "0.0.0.0") else listen
+    launch, order = hostlaunch.plan(n, hosts=hosts, engines=engines, listen=listen,
+                                    ssh_cmd=ssh_cmd, remote_python=remote_python, config=config)
     spec = LabSpec(world_size=n, backend=backend, timeout=check_timeout(timeout),
                    grace=check_timeout(grace, "grace", example=2),
                    pg_timeout=check_timeout(pg_timeout, "pg_timeout"), debug=bool(debug))
-    lab = HostLab(spec, host_order=order, launch=dict(
-        engines=engines, counts=counts, listen=listen, location=location, ssh_cmd=ssh_cmd,
-        remote_python=remote_python, config=config))
+    lab = HostLab(spec, host_order=order, launch=launch)
     return _make_current(lab)
 
 
@@ -432,7 +342,7 @@ def attach(url_file: str | None = None, *, profile: str | None = None,
                                     ("cluster_id", cluster_id)) if v is not None}
         return ipp.Client(timeout=spec.timeout, **kwargs)
 
-    lab = HostLab(spec, connect=connect, host_order=[_address(h) for h in hosts_order])
+    lab = HostLab(spec, connect=connect, host_order=[hostlaunch.address(h) for h in hosts_order])
     return _make_current(lab)
 
 

@@ -1,0 +1,154 @@
+"""The ``Ranks`` interface: the processes that run a lab's ranks, wherever they run.
+
+A ``Lab`` (``ddplab.lab.lab``) is what a student calls; it is composed from a
+``Ranks`` (the processes) and a ``Calls`` (``ddplab.lab.calls``: calls sent to
+the ranks and how they ended). Two implementations, chosen by ``start()``:
+
+- ``LocalRanks`` (``ddplab.lab.local``): engines on this machine, forked from a
+  warm template, signalled and read directly.
+- ``HostRanks`` (``ddplab.lab.multihost``): engines on other hosts (SSH, Slurm,
+  MPI, or a cluster you started and ``attach`` to), reached only through
+  ipyparallel's controller.
+
+What every implementation provides, and nothing else is asked of it:
+
+=================================  ===========================================
+``bring_up(calls)``                start (or connect to) the engines, form the group
+``apply(ranks, fn, *args)``        ``fn(*args)`` on those ranks: one result each
+``lost(wait)``                     the ranks whose engine is gone, and why (a ``Loss``)
+``confirm_loss(failures)``         after a rank failed: was a rank (or host) lost?
+``frames(ranks, deadline)``        each running rank's main stack (``{}``: unreadable)
+``locate(ranks, deadline)``        a one-line place and a short stack per rank
+``interrupt(ranks)``               Kernel > Interrupt for those ranks
+``replace(calls)``                 fresh engines on the same controller; False: cannot
+``shut_down()``                    end everything it started
+``running``, ``pids``,             state, for the lab and for tests and tools
+``directory``, ``controller_pid``,
+``hosts``, ``describe()``
+=================================  ===========================================
+
+``EngineSet`` holds what both implementations share: the ipyparallel client,
+the engine of each rank, and the views that send one call to many engines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from ..env import check_init_method, check_timeout, check_world_size
+from . import fanout
+
+#: The hub pings engines on this period and registers an engine only after a
+#: ping, so the period bounds how fast a restart can be (ipyparallel's default
+#: is 3 s). It declares an engine dead after ``HEARTBEAT_MISSES`` missed pings:
+#: 3 s, long enough for a starved engine on a loaded laptop (or a far host) to
+#: answer. One setting for local and multi-host labs.
+HEARTBEAT_MS = 100
+HEARTBEAT_MISSES = 30
+#: How long the hub takes at most to declare an engine lost.
+HEARTBEAT_LOSS_S = HEARTBEAT_MS * HEARTBEAT_MISSES / 1000
+
+
+def heartbeat_args() -> list[str]:
+    """ipcontroller arguments for ``HEARTBEAT_MS`` and ``HEARTBEAT_MISSES``."""
+    return [f"--HeartMonitor.period={HEARTBEAT_MS}",
+            f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabSpec:
+    """The arguments a lab was started with, by name; equal specs share one lab."""
+    world_size: int
+    backend: str
+    timeout: float
+    grace: float
+    pg_timeout: float
+    debug: bool
+    init_method: str | None = "store"   # see ddplab.start(); None: bare ranks
+
+    @classmethod
+    def build(cls, world_size: Any, backend: str = "auto", timeout: Any = 60, *,
+              grace: Any = 2.0, pg_timeout: Any = 1800, debug: Any = False,
+              init_method: Any = "store") -> "LabSpec":
+        """A checked spec: ``ConfigError`` naming the fix for any bad argument.
+
+        ``world_size=None`` (``attach``: every engine there) is kept as 0.
+        """
+        return cls(world_size=0 if world_size is None else check_world_size(world_size),
+                   backend=backend, timeout=check_timeout(timeout),
+                   grace=check_timeout(grace, "grace", example=2),
+                   pg_timeout=check_timeout(pg_timeout, "pg_timeout"), debug=bool(debug),
+                   init_method=check_init_method(init_method))
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Ranks whose engine is gone: which, why (one sentence) and the call that recovers."""
+    ranks: list[int]
+    reason: str
+    recovery: str = "lab.restart()"
+
+
+class EngineSet:
+    """The ipyparallel client and the engine of each rank; sends calls to them."""
+
+    def __init__(self, client: Any, engine_ids: list[int]) -> None:
+        self.client = client
+        self.engine_ids = list(engine_ids)     # index: torch rank
+        self._views: dict = {}
+        # cloudpickle sends a notebook function with the globals it uses
+        # (``dist``, ``torch``, a helper), as a student expects; plain
+        # pickling would fail on the ranks with a NameError.
+        client[self.engine_ids].use_cloudpickle()
+
+    def view(self, ranks: tuple[int, ...]) -> Any:
+        """ipyparallel's view of these ranks' engines, made once (making one costs more than a call)."""
+        view = self._views.get(ranks)
+        if view is None:
+            ids = [self.engine_ids[r] for r in ranks]
+            view = self._views[ranks] = self.client[ids[0] if len(ids) == 1 else ids]
+        return view
+
+    def apply(self, ranks: list[int], fn: Callable, *args: Any) -> list[Any]:
+        """``fn(*args)`` on each of ``ranks``: one message per engine, the function pickled once."""
+        if len(ranks) == 1:
+            return [self.view((ranks[0],)).apply_async(fn, *args)]
+        return fanout.apply_to_each(self.view(tuple(ranks)), fn, *args)
+
+    def registered(self) -> set[int]:
+        """The engine ids the controller still knows."""
+        return set(self.client.ids)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class Ranks(Protocol):
+    """The processes of a lab's ranks; see this module's docstring."""
+
+    running: bool
+    backend: str
+    backend_reason: str
+
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def pids(self) -> list[int]: ...
+    @property
+    def directory(self) -> str: ...
+    @property
+    def controller_pid(self) -> int | None: ...
+    @property
+    def hosts(self) -> list[dict]: ...
+
+    def bring_up(self, calls: Any) -> None: ...
+    def apply(self, ranks: list[int], fn: Callable, *args: Any) -> list[Any]: ...
+    def lost(self, wait: float = 0.0) -> Loss | None: ...
+    def confirm_loss(self, failures: dict[int, str]) -> Loss | None: ...
+    def frames(self, ranks: list[int], deadline: float) -> dict[int, list]: ...
+    def locate(self, ranks: list[int], deadline: float) -> tuple[dict, dict]: ...
+    def interrupt(self, ranks: list[int]) -> None: ...
+    def replace(self, calls: Any) -> bool: ...
+    def shut_down(self) -> None: ...
+    def describe(self) -> str: ...
