@@ -33,13 +33,14 @@ lab-reference: install
 # root, as on CI), and required, so a machine without it fails rather than skips.
 test: install
 	bash tools/ensure_chromium.sh
+	bash tools/ensure_hosts.sh $(BIN)/python
 	DDPLAB_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests notebooks --nbval --nbval-cell-timeout=300 \
 		--nbval-sanitize-with ddplab/course/nbval_sanitize.cfg
 
 # The inner loop while changing code (under a minute): every test but the slow, browser,
-# netns and gpu tiers, and no notebooks. `make test` (what CI runs) still runs them all.
+# netns, gpu and realhosts tiers, and no notebooks. `make test` (what CI runs) still runs them all.
 test-fast: install
-	$(BIN)/python -m pytest tests -q -m "not slow and not browser and not netns and not gpu"
+	$(BIN)/python -m pytest tests -q -m "not slow and not browser and not netns and not gpu and not realhosts"
 
 bench: install
 	$(BIN)/python benchmarks/bench_start.py
