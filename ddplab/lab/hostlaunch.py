@@ -8,20 +8,42 @@ started. ``attach`` never comes here: engines you started stay yours.
 
 The one seam ``multihost`` uses: ``plan(...)`` checks the arguments and returns
 a ``Launch``; ``Launch.start(profile_dir, spec)`` starts the controller and the
-engines and returns a connected ``Client``; ``Launch.stop()`` ends them.
+engines, waits until they registered and returns a connected ``Client``;
+``Launch.stop()`` ends them.
+
+- SSH: ``sshlaunch`` (one session per host, all at once; ``ssh_cmd`` does all
+  of it, so ssh-config aliases and options work).
+- Slurm and MPI: ipyparallel's launchers, watched by ``batchlaunch``.
+- A start that cannot succeed fails within a second or two of the cause
+  (an engine, the job or mpiexec exited), with its output in the message;
+  that output is kept in ``log_dir()`` (``DDPLAB_LOG_DIR``, by default
+  ``~/.cache/ddplab/logs``), named in the message.
+- ``stop()`` (also after a failed start) ends the engines on every host (for
+  Slurm: scancel, and waits until the job is gone), the controller, and
+  removes the hosts' directories and the batch file; ipyparallel writes no
+  cluster file and has no exit handler of its own to re-create the lab's
+  directory. If the kernel dies, the controller's guard ends it, the SSH
+  agents end their engines when their ssh session closes, and Slurm and MPI
+  engines stop after missing the controller's heartbeat for ``ENGINE_MISSES``
+  checks (about 6 s), which ends their job.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import socket
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import hosts as placing
+from .. import hosts as placing, procs
 from ..env import omp_threads
-from ..errors import ConfigError
+from ..errors import ConfigError, DdplabError
+from . import batchlaunch, sshlaunch
 from .ranks import LabSpec, heartbeat_args
 
 log = logging.getLogger(__name__)
@@ -30,6 +52,10 @@ log = logging.getLogger(__name__)
 ENGINE_LAUNCHERS = ("ssh", "mpi", "slurm")
 _LAUNCHER_CLASS = {"ssh": "SSHEngineSetLauncher", "mpi": "MPIEngineSetLauncher",
                    "slurm": "SlurmEngineSetLauncher"}
+#: Engines we start exit after missing this many heartbeat checks of the controller (each its
+#: period + 0.5 s): a controller gone with its kernel takes them, and their job, along.
+ENGINE_MISSES = 10
+_GUARD = ["-m", "ddplab.rank.guard"]
 
 
 def security_args() -> list[str]:
@@ -57,13 +83,42 @@ def split_hosts(hosts_arg: Any, world_size: int) -> dict[str, int]:
     return counts
 
 
-def address(host: str) -> str:
-    """The IP address of ``host`` (``user@host:port`` works), or the name if it does not resolve."""
+def address(host: str, ssh_cmd: list[str] | None = None) -> str:
+    """The IP address of ``host`` (``user@host:port`` works), or the name if it does not resolve.
+
+    With ``ssh_cmd``, an ssh-config alias is first turned into its ``HostName`` (``ssh -G``).
+    """
     name = host.split("@", 1)[-1].split(":", 1)[0]
+    if ssh_cmd:
+        try:
+            out = subprocess.run([*ssh_cmd, "-G", host.split(":", 1)[0]], capture_output=True,
+                                 text=True, timeout=10).stdout
+            name = next((line.split(None, 1)[1] for line in out.splitlines()
+                         if line.lower().startswith("hostname ")), name)
+        except (OSError, subprocess.TimeoutExpired, IndexError):
+            log.debug("ssh -G %s failed", host, exc_info=True)
     try:
         return socket.gethostbyname(name)
     except OSError:
         return name
+
+
+def log_dir() -> str:
+    """Where the output of a failed start is kept (owner-only)."""
+    path = os.environ.get("DDPLAB_LOG_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "ddplab", "logs")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def keep_log(engines: str, text: str) -> str:
+    """Write a failed start's output to a new file in ``log_dir()``; its path."""
+    path = os.path.join(log_dir(), f"start-{engines}-{time.strftime('%Y%m%d-%H%M%S')}-"
+                                   f"{secrets.token_hex(2)}.log")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
 
 
 @dataclass
@@ -81,17 +136,29 @@ class Launch:
     def configure(self, profile_dir: str, spec: LabSpec) -> Any:
         """An ipyparallel Cluster (not started): our controller, engines by ipyparallel's launcher."""
         import ipyparallel as ipp
+        classes = {"ssh": sshlaunch.SSHEngineSetLauncher, "slurm": batchlaunch.SlurmEngineSetLauncher,
+                   "mpi": batchlaunch.MPIEngineSetLauncher}
         cluster = ipp.Cluster(
-            engines=self.engines, n=spec.world_size, profile_dir=profile_dir, cluster_id="lab",
-            log_level=logging.ERROR, controller_ip=self.listen,
+            engines=classes[self.engines], n=spec.world_size, profile_dir=profile_dir,
+            cluster_id="lab", log_level=logging.ERROR, controller_ip=self.listen,
             controller_location=self.location, delay=0,
             engine_timeout=max(120, int(spec.timeout)),
+            # ddplab stops what it started (stop()); ipyparallel's exit handler and its
+            # cluster file would write into the lab's directory after it was removed.
+            shutdown_atexit=False, cluster_file="",
+            # The engines read the connection file in their own directory, never the key
+            # from an environment (a batch system keeps a job's environment).
+            send_engines_connection_env=False,
             controller_args=[*heartbeat_args(), *security_args()])
         c = cluster.config
+        # The controller ends, and removes the lab's directory, when the kernel dies.
+        c.LocalControllerLauncher.controller_cmd = [sys.executable, *_GUARD, "ipyparallel.controller"]
+        c.LocalControllerLauncher.environment = {"DDPLAB_PARENT_PID": str(os.getpid()),
+                                                 "DDPLAB_CLEANUP_DIR": profile_dir}
         launcher = _LAUNCHER_CLASS[self.engines]
         # The guard preloads torch; no parent watch: the kernel is not the parent there.
-        c[launcher].engine_cmd = [self.remote_python, "-m", "ddplab.rank.guard",
-                                  "ipyparallel.engine"]
+        c[launcher].engine_cmd = [self.remote_python, *_GUARD, "ipyparallel.engine"]
+        c[launcher].engine_args = [f"--IPEngine.max_heartbeat_misses={ENGINE_MISSES}"]
         c[launcher].environment = {"DDPLAB_PRELOAD": "torch", "OMP_NUM_THREADS": str(
             omp_threads(max(self.counts.values()) if self.counts else 1))}
         if spec.debug:
@@ -101,34 +168,108 @@ class Launch:
             c.SSHEngineSetLauncher.remote_python = self.remote_python
             if self.ssh_cmd:
                 c.SSHEngineSetLauncher.ssh_cmd = list(self.ssh_cmd)
-                c.SSHEngineLauncher.ssh_cmd = list(self.ssh_cmd)
+        if self.engines == "slurm":
+            # Into the lab's directory, not the notebook's working directory.
+            c.SlurmEngineSetLauncher.batch_file_name = os.path.join(profile_dir, "slurm_engine.sbatch")
         for section, values in (self.config or {}).items():
             c[section].update(values)
         return cluster
 
     def start(self, profile_dir: str, spec: LabSpec) -> Any:
-        """Start the controller and the engines; a connected ipyparallel ``Client``."""
-        self.cluster = self.configure(profile_dir, spec)
-        self.cluster.start_cluster_sync(n=spec.world_size)
-        return self.cluster.connect_client_sync()
+        """Start the controller and the engines; a Client once all ``world_size`` registered.
+
+        Raises ``DdplabError`` with the cause as soon as an engine, the job or
+        mpiexec ended (or ssh failed), and after ``max(timeout, 60)`` s otherwise.
+        """
+        self.cluster = cluster = self.configure(profile_dir, spec)
+        n, client = spec.world_size, None
+        try:
+            cluster.start_cluster_sync(n=n)
+            client = cluster.connect_client_sync()
+            self._wait_for_engines(client, n, max(spec.timeout, 60))
+        except BaseException:
+            if client is not None:
+                client.close()
+            raise
+        return client
+
+    @property
+    def engine_set(self) -> Any:
+        """ipyparallel's engine launcher of this launch (None before start)."""
+        sets = list(self.cluster.engines.values()) if self.cluster is not None else []
+        return sets[0] if sets else None
+
+    def _failure(self) -> str | None:
+        controller = self.cluster.controller
+        if controller is not None and controller.pid > 0 and not procs.alive(controller.pid):
+            return f"the controller exited. Its output:\n{controller.get_output().rstrip()}"
+        es = self.engine_set
+        if es is None:
+            return None
+        if self.engines == "ssh":
+            return es.failure()
+        return batchlaunch.failure(es, self.engines)
+
+    def _wait_for_engines(self, client: Any, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(client.ids) < n:
+            why = self._failure()
+            if why:
+                path = keep_log(self.engines, why + "\n")
+                raise DdplabError(f"ddplab: the {self.engines} engines cannot start: {why}\n"
+                                  f"(kept in {path}). Fix that and start again.")
+            if time.monotonic() > deadline:
+                es = self.engine_set
+                state = batchlaunch.waiting_on(es, self.engines) if es is not None else ""
+                raise DdplabError(f"ddplab: {len(client.ids)} of {n} {self.engines} engines "
+                                  f"registered within {timeout:g} s{'; ' + state if state else ''}. "
+                                  f"Start with a longer timeout=, or fewer ranks.")
+            time.sleep(0.1)
 
     def stop(self) -> None:
-        """End the engines and the controller this launch started (on every host)."""
+        """End the engines on every host, the controller, and remove what they wrote."""
         cluster, self.cluster = self.cluster, None
         if cluster is None:
             return
-        try:
-            cluster.stop_cluster_sync()
-        except Exception:
-            log.debug("stopping the multi-host cluster failed", exc_info=True)
+        for es in list(cluster.engines.values()):
+            try:
+                if self.engines == "ssh":
+                    es.stop_sync()
+                elif self.engines == "slurm":
+                    batchlaunch.stop_job(es)
+                else:
+                    batchlaunch.stop_mpiexec(es)
+            except Exception:
+                log.warning("ddplab: stopping the %s engines failed", self.engines, exc_info=True)
+            if self.engines == "slurm" and es.batch_file:
+                _remove(es.batch_file)
+        cluster.engines.clear()
+        controller, cluster.controller = cluster.controller, None
+        if controller is not None and controller.pid > 0:
+            procs.end_tree(controller.pid, grace=5)
+            popen = getattr(controller, "_popen_process", None)
+            try:
+                if popen is not None:
+                    popen.wait(5)
+            except Exception:
+                log.debug("the controller did not exit", exc_info=True)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def plan(world_size: int, *, hosts: Any = None, engines: str | None = None,
          listen: str | None = None, ssh_cmd: list[str] | None = None,
-         remote_python: str = "python3", config: dict | None = None) -> tuple[Launch, list[str]]:
+         remote_python: str | None = None, config: dict | None = None) -> tuple[Launch, list[str]]:
     """Check the arguments of ``start(hosts=...)`` / ``engines=``; the launch and the host order.
 
-    Raises ``ConfigError`` naming the fix before anything starts.
+    ``remote_python`` defaults to this kernel's Python (``sys.executable``): the hosts
+    share its file system, as on most clusters. Raises ``ConfigError`` naming the fix
+    before anything starts.
     """
     engines = engines or ("ssh" if hosts is not None else None)
     if engines not in ENGINE_LAUNCHERS:
@@ -138,10 +279,21 @@ def plan(world_size: int, *, hosts: Any = None, engines: str | None = None,
     if engines == "ssh" and not counts:
         raise ConfigError("ddplab: engines='ssh' needs the hosts to start them on. "
                           "Use hosts=['node1', 'node2'].")
-    order = [address(h) for h in counts] if counts else []
+    if isinstance(ssh_cmd, str):
+        raise ConfigError(f"ddplab: ssh_cmd={ssh_cmd!r} is one string; it takes a list. "
+                          f"Use ssh_cmd={ssh_cmd.split()!r}.")
+    remote_python = remote_python or sys.executable
+    if engines == "mpi":
+        batchlaunch.check_mpi(remote_python, config)
+    order = [address(h, list(ssh_cmd or ["ssh"])) for h in counts] if counts else []
     if listen is None:
-        listen = placing.local_address(order[0]) if order else "*"
+        try:
+            listen = placing.local_address(order[0]) if order else "*"
+        except OSError as e:
+            raise ConfigError(f"ddplab: cannot find the address that reaches host {order[0]!r} "
+                              f"({e}). Check the name, or pass listen='this machine's address'.") from e
     location = socket.gethostname() if listen in ("*", "0.0.0.0") else listen
     launch = Launch(engines=engines, counts=counts, listen=listen, location=location,
-                    ssh_cmd=ssh_cmd, remote_python=remote_python, config=config)
+                    ssh_cmd=list(ssh_cmd) if ssh_cmd else None, remote_python=remote_python,
+                    config=config)
     return launch, order

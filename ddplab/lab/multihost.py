@@ -283,7 +283,7 @@ def _url_host(url: str) -> str:
 
 def start_hosts(world_size: int, backend: str = "auto", timeout: float = 60, *,
                 hosts=None, engines: str | None = None, listen: str | None = None,
-                ssh_cmd: list[str] | None = None, remote_python: str = "python3",
+                ssh_cmd: list[str] | None = None, remote_python: str | None = None,
                 config: dict | None = None, grace: float = 2.0, pg_timeout: float = 1800,
                 debug: bool = False) -> HostLab:
     """``ddplab.start(..., hosts=[...])`` / ``engines=``: see this module's docstring.
