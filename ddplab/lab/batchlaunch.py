@@ -56,7 +56,7 @@ def read(path: str, limit: int = 6000) -> str:
 def job_state(job_id: str) -> tuple[str, str]:
     """(state, reason) of a Slurm job; ("", why) when Slurm no longer knows it."""
     try:
-        out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%r"],
+        out = subprocess.run(["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T|%r"],
                              capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as e:
         return "", str(e)
