@@ -8,6 +8,7 @@ import tempfile
 
 import psutil
 import pytest
+from realhosts import *  # noqa: F401,F403  the realhosts tier's daemons (tests/realhosts.py)
 
 import ddplab
 
