@@ -189,7 +189,8 @@ def slurm():
         daemons.append(subprocess.Popen(
             ["/usr/sbin/munged", "-F", "--force", f"--key-file={w}/munge/munge.key",
              f"--socket={sock}", f"--pid-file={w}/munge/munged.pid",
-             f"--log-file={w}/munge/munged.log", f"--seed-file={w}/munge/seed"]))
+             f"--log-file={w}/munge/munged.log", f"--seed-file={w}/munge/seed"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         conf = f"{w}/slurm.conf"
         with open(conf, "w") as f:
             f.write(f"""ClusterName=realhosts
@@ -225,8 +226,10 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSu
         while not os.path.exists(sock):
             assert time.monotonic() < deadline, "munged did not start in 20 s"
             time.sleep(0.1)
-        daemons.append(subprocess.Popen(["/usr/sbin/slurmctld", "-D", "-f", conf]))
-        daemons.append(subprocess.Popen(["/usr/sbin/slurmd", "-D", "-f", conf]))
+        # Their logs are in w (SlurmctldLogFile, SlurmdLogFile), not on the test's output.
+        for daemon in ("slurmctld", "slurmd"):
+            daemons.append(subprocess.Popen([f"/usr/sbin/{daemon}", "-D", "-f", conf],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         cluster = Slurm(w, conf, daemons)
         while "idle" not in subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True,
                                            text=True).stdout:

@@ -243,6 +243,8 @@ class TestSlurm(Path):
     def lose(self, lab, setup):
         for line in setup.squeue():
             subprocess.run(["scancel", line.split()[0]], check=True)
+        # Slurm ends the job's processes a moment later (what the next call then meets).
+        assert _gone_within(lambda: [p for p in lab.pids if _alive(p)], 20) == []
 
     def nothing_left(self, setup):
         assert _gone_within(setup.squeue, 10) == []
