@@ -15,6 +15,7 @@ so; as root, a missing daemon is a failure that names ``tools/ensure_hosts.sh``.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import random
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-__all__ = ["ssh_hosts", "slurm", "SSHHosts", "Slurm", "need_root"]
+__all__ = ["ssh_hosts", "slurm", "SSHHosts", "Slurm", "need_root", "ssh_network"]
 
 _DAEMONS = {"/usr/sbin/sshd": "openssh-server", "/usr/sbin/slurmctld": "slurm-wlm",
             "/usr/sbin/slurmd": "slurm-wlm", "/usr/sbin/munged": "munge"}
@@ -89,9 +90,9 @@ def _subnet() -> ipaddress.IPv4Network:
             return net
 
 
-@pytest.fixture(scope="session")
-def ssh_hosts():
-    need_root("/usr/sbin/sshd", "ssh", "ssh-keygen", "ip")
+@contextlib.contextmanager
+def ssh_network():
+    """Two sshd hosts in namespaces on a private bridge (see the module docstring), removed after."""
     tag = "rh" + secrets.token_hex(3)
     net = _subnet()
     switch, names = f"{tag}-sw", [f"{tag}-h{i}" for i in (1, 2)]
@@ -159,6 +160,13 @@ def ssh_hosts():
                                                        text=True).stdout]
         shutil.rmtree(hosts.work, ignore_errors=True)
         assert not left, f"could not delete namespaces {left}"
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts():
+    need_root("/usr/sbin/sshd", "ssh", "ssh-keygen", "ip")
+    with ssh_network() as hosts:
+        yield hosts
 
 
 @dataclass
