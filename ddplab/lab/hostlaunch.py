@@ -106,6 +106,12 @@ class Launch:
             c[section].update(values)
         return cluster
 
+    @property
+    def controller_pid(self) -> int | None:
+        """The pid of the controller this launch started here (None before or after)."""
+        controller = self.cluster.controller if self.cluster is not None else None
+        return None if controller is None else controller.pid
+
     def start(self, profile_dir: str, spec: LabSpec) -> Any:
         """Start the controller and the engines; a connected ipyparallel ``Client``."""
         self.cluster = self.configure(profile_dir, spec)
