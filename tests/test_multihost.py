@@ -376,7 +376,8 @@ def _timed_all_reduce(nbytes: int, repeats: int):
     start = time.perf_counter()
     for _ in range(repeats):
         dist.all_reduce(t)
-    return (time.perf_counter() - start) / repeats
+    seconds = (time.perf_counter() - start) / repeats
+    return seconds, t[0].item()
 
 
 def test_all_reduce_figures(hosts_lab, capsys):
@@ -384,7 +385,10 @@ def test_all_reduce_figures(hosts_lab, capsys):
     n = lab.world_size
     with capsys.disabled():
         for nbytes in (1 << 20, 16 << 20):
-            seconds = max(lab.run(_timed_all_reduce, nbytes, 5))
+            timed = lab.run(_timed_all_reduce, nbytes, 5)
+            # Six sums of ones over n ranks: n ** 6 everywhere, or the figure measured nothing.
+            assert [value for _, value in timed] == [float(n ** 6)] * n
+            seconds = max(s for s, _ in timed)
             busbw = nbytes / seconds * 2 * (n - 1) / n / 1e9
             print(f"\ncross-host all_reduce {nbytes >> 20} MB, {n} ranks on {HOSTS} hosts: "
                   f"{seconds * 1e3:.1f} ms, busbw {busbw:.2f} GB/s")
