@@ -53,7 +53,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from ipyparallel.error import EngineError
+from ipyparallel.error import EngineError, RemoteError
 
 from .. import hosts as placing
 from ..env import choose_host_backend
@@ -90,7 +90,9 @@ class _Result:
     def get(self, timeout: float | None = None) -> Any:
         try:
             return self._result.get(timeout)
-        except EngineError as e:
+        except (EngineError, RemoteError) as e:
+            if not _engine_lost(e):
+                raise
             loss = self._ranks.lost(wait=5.0)   # the hub told us first: say which host
             if loss is None:
                 raise
@@ -313,6 +315,12 @@ def _leave(tmpdir: str) -> None:
 
 
 # ------------------------------------------------------------- on the kernel
+def _engine_lost(error: Exception) -> bool:
+    """Whether ipyparallel says an engine is gone: it raises ``EngineError`` while waiting
+    for engines, and reports a task whose engine died as a ``RemoteError`` carrying one."""
+    return isinstance(error, EngineError) or getattr(error, "ename", "") == "EngineError"
+
+
 def _url_host(url: str) -> str:
     """``tcp://10.0.0.1:5555`` -> ``10.0.0.1``."""
     host = url.split("://", 1)[-1].rsplit(":", 1)[0]
