@@ -26,10 +26,8 @@ import traceback
 from typing import Any, Callable
 
 from . import output
+from .where import CELL_FILENAME  # "<rank cell 3>": ``where`` owns the spelling
 
-#: Filenames of cells compiled on a rank look like this; the hang diagnosis
-#: finds the cell's line in a stack dump by this prefix.
-CELL_FILENAME = "<rank cell {n}>"
 _SITE_PACKAGES = re.compile(r'[^"\s]*?site-packages/')
 _state: dict[str, Any] = {"cells": 0, "store": None, "stack_file": None}
 

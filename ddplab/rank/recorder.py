@@ -2,21 +2,19 @@
 
 ``ddplab.rank.trace`` installs the wrappers and the dispatcher kernels and hands
 every call to a ``Recorder``; this module turns each call into a plain dict
-(op, peer, bytes, group, times, the cell line) and, at the end, into the list
-the kernel receives.
+(op, peer, bytes, group, times, the user's line as ``where`` says it: "cell line 3")
+and, at the end, into the list the kernel receives.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from typing import Any
 
-from .engine import CELL_FILENAME
+from .where import locate, records
 
-_CELL_PREFIX = CELL_FILENAME.split("{")[0]
 # Python-level functions: name -> (kind, argument holding the payload, argument naming the peer/root).
 CALLS = {
     "send": ("p2p", "tensor", "dst"), "recv": ("p2p", "tensor", "src"),
@@ -67,32 +65,15 @@ def _nbytes(value: Any) -> int:
     return 0
 
 
-_HERE = os.path.dirname(__file__)
-_LIBRARY: dict[str, bool] = {}       # filename -> is it library code (not the student's)?
-
-
-def _internal(filename: str) -> bool:
-    known = _LIBRARY.get(filename)
-    if known is None:
-        known = _LIBRARY[filename] = (filename.startswith("<") or "site-packages" in filename
-                                      or "/lib/python" in filename or filename.startswith(_HERE))
-    return known
-
-
 def _site(frame) -> tuple[str | None, str | None]:
-    """(the student's cell line or the innermost non-library line, the torch.distributed caller)."""
-    fallback, caller = None, None
-    while frame is not None:
-        code = frame.f_code
-        name = code.co_filename
-        if name.startswith(_CELL_PREFIX):
-            return f"cell line {frame.f_lineno}", caller
-        if caller is None and code.co_name in _UNWRAPPED and name.endswith("distributed_c10d.py"):
-            caller = code.co_name
-        if fallback is None and not _internal(name):
-            fallback = f"{os.path.basename(name)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return fallback, caller
+    """(the user's line, or None; the torch.distributed function the user called, if unwrapped).
+
+    The second is for the dispatcher layer: an op issued inside ``isend`` (or
+    ``batch_isend_irecv``, ``monitored_barrier``) is the rank's own call, not torch's.
+    """
+    found = locate(records(frame))
+    caller = found.call if found.call in _UNWRAPPED else None
+    return found.line or None, caller
 
 
 class Recorder:
