@@ -232,7 +232,7 @@ def run_cell(source: str) -> dict:
     code = shell.transform_cell(source) if shell is not None else source
     # Register the source so tracebacks and stack dumps can show cell lines.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    recorder = output.Recorder()
+    recorder = output.OutputRecorder()
     error = None
     with output.capture(recorder):
         try:
@@ -251,7 +251,7 @@ def run_cell(source: str) -> dict:
 
 def call(fn: Callable, args: tuple, kwargs: dict) -> dict:
     """Call ``fn(*args, **kwargs)`` with its output recorded; see run_cell."""
-    recorder = output.Recorder()
+    recorder = output.OutputRecorder()
     value, error = None, None
     with output.capture(recorder):
         try:

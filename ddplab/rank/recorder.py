@@ -1,9 +1,10 @@
 """The recorder behind ``ddplab.rank.trace``: what one rank's traced calls leave behind.
 
 ``ddplab.rank.trace`` installs the wrappers and the dispatcher kernels and hands
-every call to a ``Recorder``; this module turns each call into a plain dict
+every call to a ``CallRecorder``; this module turns each call into a plain dict
 (op, peer, bytes, group, times, the user's line as ``where`` says it: "cell line 3")
-and, at the end, into the list the kernel receives.
+and, at the end, into the list the kernel receives. (A cell's printed output is
+recorded elsewhere, by ``output.OutputRecorder``.)
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ _ROOT_ARG = {"broadcast_": 2, "reduce_": 3, "gather_": 3, "scatter_": 3}
 _PEER_ARG = {"send": 2, "recv_": 2}
 # Python functions with no wrapper cell, recorded by the dispatcher layer under their own name.
 _UNWRAPPED = ("isend", "irecv", "batch_isend_irecv", "monitored_barrier")
-_torch: Any = None                   # torch, once a Recorder exists (ranks import it anyway)
+_torch: Any = None                   # torch, once a CallRecorder exists (ranks import it anyway)
 
 
 def _nbytes(value: Any) -> int:
@@ -76,7 +77,9 @@ def _site(frame) -> tuple[str | None, str | None]:
     return found.line or None, caller
 
 
-class Recorder:
+class CallRecorder:
+    """Records one rank's torch.distributed calls while a trace runs (see ``ddplab.rank.trace``)."""
+
     def __init__(self) -> None:
         global _torch
         import sys
