@@ -27,7 +27,7 @@ import os
 import statistics
 import time
 
-from ddplab.lab.cluster import Lab, LabSpec
+from ddplab.lab import Lab, LabSpec
 
 
 def tight_loop(n: int) -> tuple[float, float]:

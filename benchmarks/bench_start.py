@@ -93,7 +93,7 @@ def round_trips(world_size: int, calls: int) -> tuple[float, float]:
     """Median seconds per empty call: (ddplab lab.run, raw ipyparallel apply_sync)."""
     import ddplab
     with ddplab.start(world_size=world_size, backend="gloo") as lab:
-        view = lab._client[lab._engine_ids]
+        view = lab.engines.engine_set.view(tuple(lab.ranks))
         for _ in range(5):                      # warm up both paths
             lab.run(_nothing)
             view.apply_sync(_nothing)

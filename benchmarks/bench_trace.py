@@ -30,7 +30,7 @@ import statistics
 import time
 
 from ddplab import train
-from ddplab.lab.cluster import Lab, LabSpec
+from ddplab.lab import Lab, LabSpec
 from ddplab.rank import trace as rank_trace
 
 

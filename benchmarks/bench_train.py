@@ -23,7 +23,7 @@ import time
 
 from ddplab import train
 from ddplab.env import omp_threads
-from ddplab.lab.cluster import Lab, LabSpec
+from ddplab.lab import Lab, LabSpec
 
 
 def lab_run(lab: Lab, config: train.Config) -> float:

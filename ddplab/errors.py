@@ -49,11 +49,14 @@ class HangError(DdplabError):
 
 
 class EngineDiedError(DdplabError):
-    """A rank's engine process is gone (killed, or out of memory). ``ranks`` lists them."""
+    """A rank's engine process is gone (killed, or out of memory). ``ranks`` lists them;
+    ``reason`` is the one sentence of the message that says why (the lab repeats it while
+    it needs a restart)."""
 
-    def __init__(self, message: str, ranks: list[int]):
+    def __init__(self, message: str, ranks: list[int], reason: str = ""):
         super().__init__(message)
         self.ranks = sorted(ranks)
+        self.reason = reason
 
 
 class LaunchError(DdplabError):

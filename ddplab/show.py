@@ -207,7 +207,7 @@ def show(*what: str | Callable[[], Any], lab: Any = None, titles: list[str] | No
     Tensors are flattened; a list of tensors is drawn with a bar between items.
     ``titles`` names the grids (default: the expressions); ``ranks`` picks rows.
     """
-    from .lab.cluster import current
+    from .lab.current_lab import current
 
     if not what:
         raise ConfigError("ddplab.show needs something to draw: the name of a variable on the "

@@ -32,14 +32,14 @@ def fresh_lab(lab):
     """The session lab, guaranteed usable: restarted if an earlier test broke it."""
     if not lab.healthy:
         lab.restart()
-    ddplab.lab.cluster.make_current(lab)
+    ddplab.lab.current_lab.make_current(lab)
     return lab
 
 
 @pytest.fixture(scope="session")
 def lab4():
     """A running 4-rank gloo lab, beside the 2-rank one (start() would replace that one)."""
-    from ddplab.lab.cluster import Lab, LabSpec
+    from ddplab.lab import Lab, LabSpec
 
     lab = Lab(LabSpec(world_size=4, backend="gloo", timeout=60, grace=2.0,
                       pg_timeout=1800, debug=False), gpus=0)
@@ -53,7 +53,7 @@ def fresh_lab4(lab4):
     """The 4-rank lab, usable and current, so checkers and ddplab.show find it."""
     if not lab4.healthy:
         lab4.restart()
-    ddplab.lab.cluster.make_current(lab4)
+    ddplab.lab.current_lab.make_current(lab4)
     return lab4
 
 

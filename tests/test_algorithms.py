@@ -7,7 +7,7 @@ import pytest
 import ddplab
 from ddplab import algorithms
 from ddplab.check import allreduce as check
-from ddplab.lab.cluster import Lab, LabSpec
+from ddplab.lab import Lab, LabSpec
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
 
 import ddplab
-from ddplab.lab.cluster import Lab, LabSpec
+from ddplab.lab import Lab, LabSpec
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def make_bare_lab(world_size: int = 2, timeout: float = TIMEOUT) -> Lab:
 @pytest.fixture
 def bare():
     lab = make_bare_lab()
-    ddplab.lab.cluster.make_current(lab)        # checkers and ddplab.show find it
+    ddplab.lab.current_lab.make_current(lab)        # checkers and ddplab.show find it
     yield lab
     lab.stop()
 
@@ -117,7 +117,7 @@ def test_bare_start_initialises_nothing_and_offers_one_free_port(bare):
     assert len(ports) == 1 and 1024 <= ports.pop() < 65536           # both prompts agree
     lab_dir = names[0]["lab_dir"]
     assert {n["lab_dir"] for n in names} == {lab_dir} and os.listdir(lab_dir) == []
-    assert os.path.dirname(lab_dir) == bare._dir             # removed with the lab at stop
+    assert os.path.dirname(lab_dir) == bare.directory             # removed with the lab at stop
 
 
 @pytest.mark.parametrize("init", [ENV_INIT, TCP_INIT], ids=["env", "tcp"])
@@ -203,7 +203,7 @@ def test_stop_with_a_half_built_group_leaves_nothing_behind():
     before = my_process_tree()
     lab = make_bare_lab()
     try:
-        pids, lab_dir, files = lab.pids, lab._dir, lab.run(facts)[1]["names"]["lab_dir"]
+        pids, lab_dir, files = lab.pids, lab.directory, lab.run(facts)[1]["names"]["lab_dir"]
         assert all(alive(pid) for pid in pids)
         # Rank 0 waits in a tcp:// group, rank 1 in a file:// group in the lab's directory.
         lab.run_cell(TCP_INIT.format(rank=0), ranks=[0], grace=0.5)

@@ -6,7 +6,7 @@ import pytest
 
 import ddplab
 from ddplab.check import setup
-from ddplab.lab.cluster import Lab, LabSpec
+from ddplab.lab import Lab, LabSpec
 
 pytestmark = pytest.mark.slow
 

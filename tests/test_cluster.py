@@ -103,7 +103,7 @@ def test_output_is_grouped_in_rank_order(fresh_lab, capsys):
 
 
 def test_start_with_same_arguments_returns_the_running_lab(lab):
-    ddplab.lab.cluster.make_current(lab)
+    ddplab.lab.current_lab.make_current(lab)
     again = ddplab.start(world_size=2, backend="gloo", timeout=30)
     assert again is lab and ddplab.current() is lab
 
@@ -122,7 +122,7 @@ def test_context_manager_stops_and_start_replaces_a_different_lab(lab):
     with ddplab.start(world_size=3, backend="gloo", timeout=30) as three:
         assert not lab.running                       # different arguments replace the lab
         assert three.run(lambda: 1) == [1, 1, 1]
-        pids, lab_dir = three.pids, three._dir
+        pids, lab_dir = three.pids, three.directory
         assert len(my_process_tree() - before) >= 4  # controller + 3 engines
     assert not three.running
     assert not any(alive(pid) for pid in pids)

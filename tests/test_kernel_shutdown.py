@@ -37,7 +37,7 @@ START = "import ddplab\nlab = ddplab.start(world_size=2, backend='gloo', timeout
 HANG = "%%ranks\nif rank == 0:\n    dist.all_reduce(torch.ones(1))\n"
 # What "killed halfway through its exit" leaves: the controller ended, the directory not yet removed.
 END_CONTROLLER = ("from ddplab import procs\n"
-                  "procs.end_tree(lab._cluster.controller.process, grace=5)")
+                  "procs.end_tree(lab.controller_pid, grace=5)")
 
 
 def execute(client, code: str, limit: float = 180) -> dict[str, str]:

@@ -112,4 +112,4 @@ def test_restart_after_stop_is_the_current_lab(shell, tmp_path):
         assert ddplab.start(world_size=1, backend="gloo", timeout=30) is lab
     finally:
         lab.stop()
-    assert not lab._dir
+    assert not lab.directory

@@ -57,11 +57,15 @@ def test_place_orders_by_host_then_engine_and_env_is_per_host():
             env["MASTER_ADDR"], env["GLOO_SOCKET_IFNAME"]) == ("3", "1", "2", "2", "10.0.0.9", "eth1")
 
 
-def test_hostlab_overrides_only_the_hooks_lab_names():
-    from ddplab.lab.cluster import Lab
-    overridden = {name for name in vars(multihost.HostLab) if name in vars(Lab)
-                  and not name.startswith("__")}
-    assert overridden <= set(Lab.HOOKS), overridden - set(Lab.HOOKS)
+def test_both_kinds_of_ranks_provide_the_whole_ranks_interface():
+    """Lab is composed from a Ranks; each implementation has every member the lab may use."""
+    from ddplab.lab.local import LocalRanks
+    from ddplab.lab.ranks import Ranks
+    wanted = {name for name in vars(Ranks) if not name.startswith("_")} | set(Ranks.__annotations__)
+    spec = ddplab.lab.LabSpec.build(2, "gloo")
+    for ranks in (LocalRanks(spec, 0), multihost.HostRanks(spec, connect=lambda: None)):
+        missing = {name for name in wanted if not hasattr(ranks, name)}
+        assert not missing, f"{type(ranks).__name__} lacks {sorted(missing)}"
 
 
 def test_hosts_must_split_world_size():
@@ -255,7 +259,7 @@ def test_lost_host_is_named_within_the_timeout(hosts_lab):
     timeout = 30
     # What a killed engine cannot remove itself. A real lost host keeps these; here
     # the "hosts" share this machine's /tmp, so the test removes them afterwards.
-    lost_dirs = [lab._engines[lab._engine_ids[rank]].tmpdir for rank in (2, 3)]
+    lost_dirs = [lab.engines.rank_directory(rank) for rank in (2, 3)]
     try:
         for p in engines[network.names[1]]:
             procs.send(p, signal.SIGKILL)
@@ -372,7 +376,8 @@ def _timed_all_reduce(nbytes: int, repeats: int):
     start = time.perf_counter()
     for _ in range(repeats):
         dist.all_reduce(t)
-    return (time.perf_counter() - start) / repeats
+    seconds = (time.perf_counter() - start) / repeats
+    return seconds, t[0].item()
 
 
 def test_all_reduce_figures(hosts_lab, capsys):
@@ -380,7 +385,10 @@ def test_all_reduce_figures(hosts_lab, capsys):
     n = lab.world_size
     with capsys.disabled():
         for nbytes in (1 << 20, 16 << 20):
-            seconds = max(lab.run(_timed_all_reduce, nbytes, 5))
+            timed = lab.run(_timed_all_reduce, nbytes, 5)
+            # Six sums of ones over n ranks: n ** 6 everywhere, or the figure measured nothing.
+            assert [value for _, value in timed] == [float(n ** 6)] * n
+            seconds = max(s for s, _ in timed)
             busbw = nbytes / seconds * 2 * (n - 1) / n / 1e9
             print(f"\ncross-host all_reduce {nbytes >> 20} MB, {n} ranks on {HOSTS} hosts: "
                   f"{seconds * 1e3:.1f} ms, busbw {busbw:.2f} GB/s")
@@ -392,7 +400,7 @@ def test_all_reduce_figures(hosts_lab, capsys):
                                               ("mpi", "MPIEngineSetLauncher"),
                                               ("slurm", "SlurmEngineSetLauncher")])
 def test_launchers_are_ipyparallels_own(engines, section, tmp_path):
-    from ddplab.lab.cluster import LabSpec
+    from ddplab.lab import LabSpec
     spec = LabSpec(world_size=4, backend="gloo", timeout=60, grace=2, pg_timeout=1800, debug=False)
     counts = {"node1": 2, "user@node2:2222": 2} if engines == "ssh" else None
     launch = hostlaunch.Launch(engines=engines, counts=counts, listen="10.1.2.3",

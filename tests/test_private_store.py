@@ -21,7 +21,7 @@ import tempfile
 
 import pytest
 
-from ddplab.lab.cluster import Lab, LabSpec
+from ddplab.lab import Lab, LabSpec
 
 #: Run as another user; only the standard library, so any python3 will do.
 TRY_THE_STORE = """
@@ -112,7 +112,7 @@ def test_default_local_lab_meets_in_a_file_store_not_a_tcpstore(fresh_lab):
 def test_the_store_is_owner_only(fresh_lab):
     path = fresh_lab.store_path
     assert os.path.basename(path).startswith("store-")
-    assert os.path.dirname(path) == fresh_lab._dir
+    assert os.path.dirname(path) == fresh_lab.directory
     assert os.stat(path).st_uid == os.stat(os.path.dirname(path)).st_uid == os.getuid()
     assert _mode(path) == 0o600
     assert _mode(os.path.dirname(path)) == 0o700
@@ -141,7 +141,7 @@ def test_another_user_cannot_reach_the_store(fresh_lab):
 def test_the_controllers_signing_key_is_in_the_private_directory(fresh_lab):
     # The controller's ports on 127.0.0.1 stay open to local users; what keeps them
     # out is that every message must be signed with this key, which they cannot read.
-    files = sorted(glob.glob(os.path.join(fresh_lab._dir, "security", "ipcontroller-*.json")))
+    files = sorted(glob.glob(os.path.join(fresh_lab.directory, "security", "ipcontroller-*.json")))
     assert [os.path.basename(f) for f in files] == ["ipcontroller-lab-client.json",
                                                     "ipcontroller-lab-engine.json"]
     for path in files:
@@ -158,7 +158,7 @@ def test_restart_gets_a_fresh_store_and_stop_leaves_nothing_behind():
                       debug=False), gpus=0)
     lab.start()
     try:
-        first, directory = lab.store_path, lab._dir
+        first, directory = lab.store_path, lab.directory
         assert os.path.basename(first) == "store-1"
         lab.restart()                    # keeps the controller, replaces the engines
         second = lab.store_path

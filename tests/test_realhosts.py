@@ -40,9 +40,9 @@ MPI_ROOT = {"MPIEngineSetLauncher": {"mpi_args": ["--allow-run-as-root"]}}
 BARE_PYTHON = "/usr/bin/python3"
 
 
-def _launch(lab):
-    """The launch behind a lab ddplab started (what it started, for the checks)."""
-    return lab._launch
+def _rank_dirs(lab) -> list[str]:
+    """Each rank's private directory on its host."""
+    return [lab.engines.rank_directory(r) for r in range(lab.world_size)]
 
 
 def _all_reduce():
@@ -118,8 +118,7 @@ class Path:
         for got in lab.run(_all_reduce):
             assert torch.equal(got, expected)
         # What ddplab wrote here, and on the hosts, only we can read.
-        launch = _launch(lab)
-        for d in [launch.cluster.profile_dir, *self.remote_dirs(lab)]:
+        for d in [lab.directory, *self.remote_dirs(lab)]:
             assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
         for d in self.remote_dirs(lab):
             for key_file in glob.glob(f"{d}/security/*.json"):
@@ -143,6 +142,7 @@ class Path:
         assert len(lab.run(_all_reduce)) == lab.world_size
 
     def test_a_lost_host_is_named(self, lab, setup):
+        lost_dirs = _rank_dirs(lab)
         self.lose(lab, setup)
         start = time.monotonic()
         with pytest.raises(ddplab.EngineDiedError) as info:
@@ -154,18 +154,21 @@ class Path:
         print(f"\nlost host reported after {took:.1f} s")
         lab.restart()
         assert len(lab.run(_all_reduce)) == lab.world_size
+        # What the killed ranks could not remove went with their host's or lab's directory.
+        assert [d for d in lost_dirs if os.path.exists(d)] == []
 
     def test_stop_leaves_nothing(self, lab, setup, workdir):
-        launch = _launch(lab)
-        lab_dir, remote = launch.cluster.profile_dir, self.remote_dirs(lab)
-        pids = list(lab.pids) + self.other_pids(lab)
-        mine = {p.pid for p in psutil.Process().children(recursive=True)}
+        lab_dir, remote, rank_dirs = lab.directory, self.remote_dirs(lab), _rank_dirs(lab)
+        pids = list(lab.pids)
         lab.stop()
         assert _gone_within(lambda: [p for p in pids if _alive(p)], 10) == []
-        new = {p.pid for p in psutil.Process().children(recursive=True)} - mine
+        # No process this test process started (ssh clients, mpiexec, the controller) is left
+        # beyond those that ran before the lab started.
+        new = _gone_within(lambda: [p.pid for p in psutil.Process().children(recursive=True)
+                                    if p.pid not in type(self).before and _alive(p.pid)], 10)
         assert not new, [psutil.Process(p).cmdline() for p in new if _alive(p)]
         assert not os.path.exists(lab_dir)
-        assert [d for d in remote if os.path.exists(d)] == []
+        assert [d for d in remote + rank_dirs if os.path.exists(d)] == []
         self.nothing_left(setup)
         import gc
         gc.collect()                      # ipyparallel's objects go: nothing re-creates the dir
@@ -174,9 +177,6 @@ class Path:
 
     # per path
     def remote_dirs(self, lab) -> list[str]:
-        return []
-
-    def other_pids(self, lab) -> list[int]:
         return []
 
     def nothing_left(self, setup) -> None:
@@ -192,6 +192,7 @@ def setup(request):
 @pytest.fixture(scope="class")
 def lab(request, setup, workdir):
     """The class's lab, started with only what the README says to pass."""
+    request.cls.before = {p.pid for p in psutil.Process().children(recursive=True)}
     start = time.monotonic()
     lab = ddplab.start(world_size=request.cls.world_size, backend="gloo", timeout=30,
                        **request.cls.args(setup))
@@ -214,7 +215,8 @@ class TestSSH(Path):
         return setup.addresses
 
     def remote_dirs(self, lab):
-        return [d for d in _launch(lab).engine_set.remote_dirs.values() if d]
+        # The agent's directory on each host holds its engines' TMPDIR.
+        return sorted({os.path.dirname(d) for d in _rank_dirs(lab)})
 
     def lose(self, lab, setup):
         # The second host's engines are killed (as if the host went down).
@@ -261,9 +263,6 @@ class TestMPI(Path):
     @staticmethod
     def args(setup):
         return {"engines": "mpi", "config": MPI_ROOT}
-
-    def other_pids(self, lab):
-        return [_launch(lab).engine_set.pid]             # mpiexec
 
     def lose(self, lab, setup):
         os.kill(lab.pids[-1], signal.SIGKILL)             # mpiexec then ends the others
@@ -330,10 +329,9 @@ KERNEL = textwrap.dedent("""
     import ddplab
     kind, args = sys.argv[1], json.loads(sys.argv[2])
     lab = ddplab.start(world_size=2, backend="gloo", timeout=30, **args)
-    launch = lab._launch
-    es = launch.engine_set
-    print(json.dumps({"dir": launch.cluster.profile_dir, "pids": lab.pids,
-                      "remote": list(getattr(es, "remote_dirs", {}).values())}), flush=True)
+    dirs = [lab.engines.rank_directory(r) for r in range(lab.world_size)]
+    print(json.dumps({"dir": lab.directory, "pids": lab.pids,
+                      "remote": dirs + [os.path.dirname(d) for d in dirs]}), flush=True)
     os.kill(os.getpid(), 9)
 """)
 

@@ -168,7 +168,7 @@ KERNEL_STAND_IN = """
 import json, sys, psutil, ddplab
 lab = ddplab.start(world_size=2, backend="gloo")
 tree = [p.pid for p in psutil.Process().children(recursive=True)]
-print("STARTED", json.dumps({"pids": tree, "dir": lab._dir}), flush=True)
+print("STARTED", json.dumps({"pids": tree, "dir": lab.directory}), flush=True)
 if sys.argv[1] == "wait":
     sys.stdin.read()
 """
@@ -253,12 +253,12 @@ def test_two_labs_started_at_the_same_moment_never_clash(tmp_path):
 
 def test_the_controller_listens_only_on_ports_the_lab_holds_until_it_stops():
     """What keeps two labs from clashing: no port of the controller was free for the taking."""
-    from ddplab.lab.cluster import Lab, LabSpec
+    from ddplab.lab import Lab, LabSpec
     lab = Lab(LabSpec(world_size=2, backend="gloo", timeout=60, grace=2.0, pg_timeout=1800,
                       debug=False), gpus=0).start()
     try:
-        held = {hold.getsockname()[1] for hold in lab._port_holds}
-        controller = psutil.Process(lab._cluster.controller.process.pid)
+        held = set(lab.engines.held_ports)
+        controller = psutil.Process(lab.controller_pid)
         tree = {controller.pid, *(p.pid for p in controller.children(recursive=True))}
         listening = {c.laddr.port for c in psutil.net_connections("inet")
                      if c.status == psutil.CONN_LISTEN and c.pid in tree}
@@ -270,7 +270,7 @@ def test_the_controller_listens_only_on_ports_the_lab_holds_until_it_stops():
         intruder.close()
     finally:
         lab.stop()
-    assert lab._port_holds == []
+    assert lab.engines.held_ports == []
     # Given back: bindable again. (Ports the controller used may sit in
     # TIME_WAIT for a minute, as after any server, so try the spare ones.)
     for port in held - listening:
@@ -290,19 +290,19 @@ def test_everything_listens_on_loopback_only(fresh_lab):
 
 
 def test_connection_files_are_owner_only_and_messages_signed(fresh_lab):
-    security = os.path.join(fresh_lab._dir, "security")
+    security = os.path.join(fresh_lab.directory, "security")
     # The connection files hold the signing key; the lab's directory, which
     # holds everything else too, is closed to other users as a whole.
     files = [os.path.join(security, name) for name in os.listdir(security)
              if name.startswith("ipcontroller-")]
     assert len(files) == 2                           # the engine's and the client's
-    assert os.stat(fresh_lab._dir).st_mode & 0o077 == 0
+    assert os.stat(fresh_lab.directory).st_mode & 0o077 == 0
     for path in files:
         assert os.stat(path).st_mode & 0o077 == 0, path
         with open(path) as f:
             info = json.load(f)
         assert info["key"] and info["signature_scheme"].startswith("hmac-")
-    assert fresh_lab._client.session.key
+    assert fresh_lab.engines.engine_set.client.session.key
 
 
 # 8. Debug help ---------------------------------------------------------------

@@ -12,7 +12,7 @@ def _fds() -> int:
 
 @pytest.mark.slow
 def test_fifty_restarts_and_stops_leak_no_fd_or_thread():
-    from ddplab.lab.cluster import Lab, LabSpec
+    from ddplab.lab import Lab, LabSpec
     lab = Lab(LabSpec(world_size=1, backend="gloo", timeout=60, grace=2.0, pg_timeout=60,
                       debug=False), gpus=0)
     lab.start()

@@ -78,7 +78,7 @@ def test_engines_are_forked_from_one_template_and_set_their_own_threads():
 
 def test_a_restart_keeps_the_controller_and_leaks_nothing_in_the_kernel():
     with ddplab.start(world_size=1, backend="gloo") as lab:
-        controller = lab._cluster.controller.pid
+        controller = lab.controller_pid
         lab.restart()                                  # warm up whatever is made once
         fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
         for _ in range(20):
@@ -86,7 +86,7 @@ def test_a_restart_keeps_the_controller_and_leaks_nothing_in_the_kernel():
             lab.restart()
             assert lab.pids != old and not any(psutil.pid_exists(p) for p in old)
             assert lab.run(lambda: 7) == [7]
-        assert lab._cluster.controller.pid == controller
+        assert lab.controller_pid == controller
         assert len(os.listdir("/proc/self/fd")) <= fds, "file descriptors leak per restart"
         assert threading.active_count() <= threads, "threads leak per restart"
 
@@ -151,7 +151,7 @@ BORROWER = textwrap.dedent("""
     from ddplab.lab import template
     lab = ddplab.start(world_size=2, backend="gloo")
     assert isinstance(template.shared(), template.BorrowedTemplate)
-    print("PIDS", lab._dir, *lab.run(os.getppid), *lab.pids, flush=True)
+    print("PIDS", lab.directory, *lab.run(os.getppid), *lab.pids, flush=True)
     if sys.argv[1] == "stop":
         lab.stop()                  # ends the lab, not the template it borrowed
         print("STOPPED", flush=True)

@@ -25,7 +25,7 @@ def _lookup(name: str) -> Any:
 
 def lab_or_current(lab: Any = None) -> Any:
     """The lab to check: the one given, or the one running."""
-    from ddplab.lab.cluster import current
+    from ddplab.lab.current_lab import current
 
     return lab if lab is not None else current()
 

@@ -41,8 +41,8 @@ SKIP_COMPARE = {"metadata", "traceback", "prompt_number", "output_type", "name",
 # Asked after a cell failed: is the lab this kernel started still usable?
 PROBE = """\
 def _ddplab_grade_probe():
-    import ddplab.lab.cluster as cluster
-    lab = cluster.current_or_none()
+    import ddplab.lab.current_lab as current_lab
+    lab = current_lab.current_or_none()
     return "ok" if lab is None or not lab.running or lab.healthy else "broken"
 print("ddplab-probe:", _ddplab_grade_probe())
 del _ddplab_grade_probe"""

@@ -55,9 +55,15 @@ Failure modes, and what you see
 
 Where things are
 ----------------
-- ``session``: ``start()``: one host or several.
-- ``cluster``: ``Lab``, ``current()``: one lab on this machine.
-- ``multihost``: ``attach()`` and labs whose ranks live on several hosts.
+- ``session``: ``start()`` (one host or several) and ``attach()``; each makes the lab current.
+- ``lab``: ``Lab``, the API a notebook calls, composed of a ``Ranks`` and a ``Calls``.
+- ``ranks``: the ``Ranks`` interface (the processes of the ranks, wherever they run),
+  ``LabSpec`` and the heartbeat setting; ``local``: ``LocalRanks``, engines on this
+  machine; ``multihost``: ``HostRanks``, engines on several hosts; ``hostlaunch``:
+  starting and stopping those engines through ipyparallel's launchers.
+- ``calls``: calls sent to the ranks and how they ended (results, errors, hangs,
+  cells left running, late output, interrupts); ``fanout``: one call to many engines.
+- ``current_lab``: the lab ``current()``, ``%%ranks`` and the checkers use.
 - ``magics``: the ``%%ranks`` / ``%%rank N`` cell magics.
 - ``template``: engines forked from a warm process that imported torch once.
 - ``display``: rank-ordered output in the notebook; ``live``: output while a cell runs.
@@ -68,8 +74,9 @@ Every process a lab starts is ended by ``ddplab.procs``.
 The code that runs inside each engine is in ``ddplab.rank``.
 """
 
-from .cluster import Lab, LabSpec, current
-from .multihost import attach
-from .session import start
+from .current_lab import current
+from .lab import Lab
+from .ranks import LabSpec
+from .session import attach, start
 
 __all__ = ["Lab", "LabSpec", "attach", "current", "start"]

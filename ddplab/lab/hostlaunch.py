@@ -163,6 +163,10 @@ class Launch:
             omp_threads(max(self.counts.values()) if self.counts else 1))}
         if spec.debug:
             c[launcher].environment["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        if self.engines != "ssh":
+            # What a rank writes in its temporary folder goes with the lab's directory, even
+            # when the rank is killed (the SSH agent gives its engines a directory of their own).
+            c[launcher].environment["TMPDIR"] = profile_dir
         if self.engines == "ssh":
             c.SSHEngineSetLauncher.engines = dict(self.counts)
             c.SSHEngineSetLauncher.remote_python = self.remote_python
@@ -174,6 +178,12 @@ class Launch:
         for section, values in (self.config or {}).items():
             c[section].update(values)
         return cluster
+
+    @property
+    def controller_pid(self) -> int | None:
+        """The pid of the controller this launch started here (None before or after)."""
+        controller = self.cluster.controller if self.cluster is not None else None
+        return None if controller is None else controller.pid
 
     def start(self, profile_dir: str, spec: LabSpec) -> Any:
         """Start the controller and the engines; a Client once all ``world_size`` registered.

@@ -20,7 +20,7 @@ import shlex
 from IPython.core.magic import Magics, cell_magic, magics_class
 
 from ..errors import ConfigError
-from .cluster import current
+from .current_lab import current
 
 
 def _parse(line: str, magic: str) -> tuple[list[int], dict]:

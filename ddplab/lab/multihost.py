@@ -1,8 +1,9 @@
-"""Labs whose ranks live on several hosts, through ipyparallel's own launchers.
+"""``HostRanks``: a lab's ranks on several hosts (the ``Ranks`` interface).
 
 ddplab builds no cluster manager. ipyparallel already starts engines over SSH,
-MPI, Slurm and more; torch.distributed already joins ranks across hosts. This
-module only connects the two::
+MPI, Slurm and more (``ddplab.lab.hostlaunch`` configures, starts and stops
+them); torch.distributed already joins ranks across hosts. This module only
+connects the two::
 
     lab = ddplab.start(world_size=4, hosts=["node1", "node2"])   # 2 ranks per host, over SSH
     lab = ddplab.start(world_size=8, engines="slurm")            # sbatch starts the engines
@@ -25,9 +26,9 @@ How a multi-host lab forms
 Failure modes
 -------------
 - A host's engines die or its link goes down: the controller's heartbeat
-  misses them (about ``period x 10``; ddplab's own controller pings every
-  0.5 s), and the next call, or the one waiting, raises ``EngineDiedError``
-  naming the host and its ranks.
+  misses them (``ddplab.lab.ranks.HEARTBEAT_LOSS_S``, 3 s, with ddplab's own
+  controller), and the next call, or the one waiting, raises
+  ``EngineDiedError`` naming the host and its ranks.
 - Signals cannot cross hosts: ``HangError`` says where a stuck rank is only
   for ranks whose stack ddplab can read; Kernel > Interrupt goes through
   ipyparallel's nanny (on by default in ``ipcluster``).
@@ -44,26 +45,29 @@ gloo's connections are plain TCP between the hosts: use a private network.
 
 from __future__ import annotations
 
-import os
+import logging
 import re
 import signal
 import sys
+import tempfile
 import time
-from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
+
+from ipyparallel.error import EngineError, RemoteError
 
 from .. import hosts as placing
-from ..env import check_timeout, check_world_size, choose_host_backend
+from ..env import choose_host_backend
 from ..errors import ConfigError, DdplabError, EngineDiedError
 from ..rank import engine
-from . import cluster, display, hostlaunch, magics
-from .cluster import Lab, LabSpec, Task
-from .ranks import HEARTBEAT_LOSS_S
+from .hostlaunch import Launch
+from .ranks import HEARTBEAT_LOSS_S, EngineSet, LabSpec, Loss
 
-#: How long to wait for that heartbeat verdict once gloo says a peer hung up.
+log = logging.getLogger(__name__)
+
+#: How long to wait for the heartbeat's verdict once gloo says a peer hung up.
 LOSS_WAIT = 2 * HEARTBEAT_LOSS_S
 #: After a first lost rank, how long to wait for the rest of its host to be
-#: declared lost too (a heartbeat period or so apart; 3 s is ipcluster's period).
+#: declared lost too (a heartbeat period or so apart).
 _SETTLE_S = 4.0
 _LOST_PEER = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Socket Timeout")
 
@@ -71,8 +75,8 @@ _LOST_PEER = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Socket T
 class _Result:
     """An AsyncResult whose loss of an engine becomes ``EngineDiedError`` naming the host."""
 
-    def __init__(self, lab: "HostLab", result: Any) -> None:
-        self._lab, self._result = lab, result
+    def __init__(self, ranks: "HostRanks", result: Any) -> None:
+        self._ranks, self._result = ranks, result
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._result, name)      # everything else is the AsyncResult's
@@ -86,46 +90,91 @@ class _Result:
     def get(self, timeout: float | None = None) -> Any:
         try:
             return self._result.get(timeout)
-        except Exception as e:
-            if "EngineError" not in repr(e):
+        except (EngineError, RemoteError) as e:
+            if not _engine_lost(e):
                 raise
-            self._lab._check_alive(wait=5.0)     # the hub told us first: say which host
-            raise
+            loss = self._ranks.lost(wait=5.0)   # the hub told us first: say which host
+            if loss is None:
+                raise
+            raise EngineDiedError(f"ddplab: {loss.reason} Recover with: {loss.recovery}",
+                                  loss.ranks, reason=loss.reason) from e
 
 
-class HostLab(Lab):
-    """A lab whose ranks may run on other hosts. Make one with ``start(hosts=...)`` or ``attach``."""
+class HostRanks:
+    """Ranks on engines that may run on other hosts; see this module's docstring.
 
-    # Engines on other hosts are placed afresh at every start: restart re-forms the whole lab.
-    restart_keeps_controller = False
+    Give ``launch`` (``hostlaunch.plan``) for engines ddplab starts, or
+    ``connect`` (returns an ipyparallel ``Client``) for engines you started.
+    """
 
-    def __init__(self, spec: LabSpec, *, connect=None, launch: hostlaunch.Launch | None = None,
-                 host_order: list[str] = ()) -> None:
-        super().__init__(replace(spec, backend="gloo"), 0)   # the backend is chosen per host later
-        self.spec, self._asked = spec, spec
+    def __init__(self, spec: LabSpec, *, connect: Callable[[], Any] | None = None,
+                 launch: Launch | None = None, host_order: list[str] = ()) -> None:
+        self.spec = spec
         self._connect, self._launch = connect, launch
         self._host_order = list(host_order)
+        self.backend, self.backend_reason = "gloo", "gloo"   # chosen per host once formed
+        self.running = False
+        self.directory = ""
         self.placements: list[placing.Placement] = []
-        self._engines: dict[int, placing.Engine] = {}
+        #: The ipyparallel client and each rank's engine (None while stopped).
+        self.engine_set: EngineSet | None = None
+        self._described: dict[int, placing.Engine] = {}
+
+    # ------------------------------------------------------------- state
+    @property
+    def world_size(self) -> int:
+        return len(self.placements) or self.spec.world_size
+
+    @property
+    def pids(self) -> list[int]:
+        return [self._described[eid].pid for eid in self._engine_ids()]
+
+    @property
+    def controller_pid(self) -> int | None:
+        return None if self._launch is None else self._launch.controller_pid
+
+    @property
+    def hosts(self) -> list[dict]:
+        """One entry per host, in node-rank order: address, hostname, ranks."""
+        out = []
+        for p in self.placements:
+            if p.local_rank == 0:
+                e = self._described[p.engine_id]
+                out.append({"node_rank": p.node_rank, "address": p.host,
+                            "hostname": e.hostname, "ranks": []})
+            out[-1]["ranks"].append(p.rank)
+        return out
+
+    def rank_directory(self, rank: int) -> str:
+        """The private directory rank ``rank`` made on its host (its stack dumps)."""
+        return self._described[self._engine_ids()[rank]].tmpdir
+
+    def describe(self) -> str:
+        names = ", ".join(f"{h['address']} ({len(h['ranks'])})" for h in self.hosts)
+        return (f"{self.world_size} ranks ready on {len(self.hosts)} hosts [{names}], "
+                f"backend {self.backend_reason}.")
+
+    def _engine_ids(self) -> list[int]:
+        return self.engine_set.engine_ids if self.engine_set is not None else []
 
     # ------------------------------------------------------------- forming
-    def _bring_up(self) -> None:
-        self._client = (self._launch.start(self._dir, self._asked) if self._launch is not None
-                        else self._connect())
-        self._cluster = self._client            # "running" means: we hold a connection
-        self._form()
-
-    def _form(self) -> None:
-        client, asked, timeout = self._client, self._asked.world_size, self.spec.timeout
+    def bring_up(self, calls: Any) -> None:
+        """Start the engines (or connect to yours), place the ranks, form the group."""
+        self.directory = tempfile.mkdtemp(prefix="ddplab-")   # mode 0700: only we can read it
+        self.running = True
+        client = (self._launch.start(self.directory, self.spec) if self._launch is not None
+                  else self._connect())
+        asked, timeout = self.spec.world_size, self.spec.timeout
         client.wait_for_engines(asked or 1, timeout=max(timeout, 60), interactive=False)
         ids = sorted(client.ids)
         if asked and len(ids) < asked:
+            client.close()
             raise ConfigError(f"ddplab: world_size={asked}, but the cluster has only {len(ids)} "
                               f"engines. Start more engines or ask for world_size={len(ids)}.")
         ids = ids[:asked] if asked else ids
-        client[ids].use_cloudpickle()
+        self.engine_set = EngineSet(client, ids)
         controller_ip = _url_host(client._config["registration"])
-        probe = {eid: client[eid].apply_async(_prepare, controller_ip) for eid in ids}
+        probe = dict(zip(ids, self.engine_set.apply(list(range(len(ids))), _prepare, controller_ip)))
         try:
             info = {eid: r.get(timeout) for eid, r in probe.items()}
         except Exception as e:
@@ -133,68 +182,57 @@ class HostLab(Lab):
                 f"ddplab: the engines did not answer within timeout={timeout:g} s ({e}). They may "
                 f"be busy with an earlier group's collective. Restart them (ipcluster engines, or "
                 f"your job script) and attach again.") from e
-        self._engines = {eid: placing.Engine(eid, **d) for eid, d in info.items()}
-        self.placements = placing.place(list(self._engines.values()), self._host_order)
-        n = len(self.placements)
-        self.spec = replace(self.spec, world_size=n)
+        self._described = {eid: placing.Engine(eid, **d) for eid, d in info.items()}
+        self.placements = placing.place(list(self._described.values()), self._host_order)
         self.backend, self.backend_reason = choose_host_backend(
-            self._asked.backend, [(p.host, p.local_world_size, self._engines[p.engine_id].gpus)
-                                  for p in self.placements if p.local_rank == 0])
-        self._engine_ids = [p.engine_id for p in self.placements]
-        self._pids = [self._engines[eid].pid for eid in self._engine_ids]
-        self._join_group()
+            self.spec.backend, [(p.host, p.local_world_size, self._described[p.engine_id].gpus)
+                                for p in self.placements if p.local_rank == 0])
+        # Ranks in placement order: rank r runs on the engine placed at r.
+        self.engine_set = EngineSet(client, [p.engine_id for p in self.placements])
+        self._join_group(calls)
 
-    def _join_group(self) -> None:
+    def _join_group(self, calls: Any) -> None:
         n, timeout, pg_timeout = self.world_size, self.spec.timeout, self.spec.pg_timeout
         master = self.placements[0].host
-        port = self._call(0, engine.open_store, master, n, pg_timeout).get(timeout)
+        port = calls.call(0, engine.open_store, master, n, pg_timeout).result.get(timeout)
         tasks = []
         for p in self.placements:
-            e = self._engines[p.engine_id]
+            e = self._described[p.engine_id]
             env = placing.rank_env(p, master, port, e.ifname)
             args = (p.rank, n, env, self.backend, pg_timeout, f"{e.tmpdir}/stack.txt",
                     [path for path in sys.path if path])
-            tasks.append(Task(p.rank, self._call(p.rank, engine.call, engine.join_group, args, {})))
-        self._await_join(tasks, timeout)
+            tasks.append(calls.call(p.rank, engine.call, engine.join_group, args, {}))
+        calls.await_join(tasks, timeout)
 
-    # ------------------------------------------------------------- watching
-    @property
-    def hosts(self) -> list[dict]:
-        """One entry per host, in node-rank order: address, hostname, ranks."""
-        out = []
-        for p in self.placements:
-            if p.local_rank == 0:
-                e = self._engines[p.engine_id]
-                out.append({"node_rank": p.node_rank, "address": p.host,
-                            "hostname": e.hostname, "ranks": []})
-            out[-1]["ranks"].append(p.rank)
-        return out
+    # ------------------------------------------------------------- running
+    def apply(self, ranks: list[int], fn: Callable, *args: Any) -> list[Any]:
+        return [_Result(self, r) for r in self.engine_set.apply(ranks, fn, *args)]
 
-    def _lost(self) -> list[int]:
-        alive = set(self._client.ids) if self._client is not None else set()
-        return [rank for rank, eid in enumerate(self._engine_ids) if eid not in alive]
+    def _lost_ranks(self) -> list[int]:
+        alive = self.engine_set.registered() if self.engine_set is not None else set()
+        return [rank for rank, eid in enumerate(self._engine_ids()) if eid not in alive]
 
     def _whole_hosts(self, dead: list[int]) -> bool:
         """Whether every host with a lost rank has lost all its ranks."""
         return all(set(h["ranks"]) <= set(dead) for h in self.hosts
                    if set(h["ranks"]) & set(dead))
 
-    def _check_alive(self, wait: float = 0.0) -> None:
-        """Raise EngineDiedError naming the host(s) whose engines the controller lost."""
+    def lost(self, wait: float = 0.0) -> Loss | None:
+        """The ranks whose engines the controller lost, named by host."""
         deadline = time.monotonic() + wait
-        dead = self._lost()
+        dead = self._lost_ranks()
         while not dead and time.monotonic() < deadline:
             time.sleep(0.1)
-            dead = self._lost()
+            dead = self._lost_ranks()
         if not dead:
-            return
+            return None
         # The hub notices each engine on its own heartbeat, so a host's engines,
         # killed together, are reported one period apart: let the rest of that
         # host catch up, so the message names every rank it lost.
         settle = time.monotonic() + _SETTLE_S
         while time.monotonic() < settle and not self._whole_hosts(dead):
             time.sleep(0.1)
-            dead = self._lost()
+            dead = self._lost_ranks()
         parts = []
         for h in self.hosts:
             gone = [r for r in h["ranks"] if r in dead]
@@ -202,60 +240,62 @@ class HostLab(Lab):
                 whole = "all its ranks" if len(gone) == len(h["ranks"]) else "ranks"
                 parts.append(f"host {h['address']} (node {h['node_rank']}): "
                              f"{whole} {', '.join(map(str, gone))}")
-        self._broken = ("lost " + "; ".join(parts) + ". The controller stopped hearing from "
-                        "their engines (killed, out of memory, host down or link down).")
-        raise EngineDiedError(f"ddplab: {self._broken} Recover with: lab.restart() once the "
-                              f"host is back", dead)
+        reason = ("lost " + "; ".join(parts) + ". The controller stopped hearing from "
+                  "their engines (killed, out of memory, host down or link down).")
+        return Loss(dead, reason, "lab.restart() once the host is back")
 
-    def _confirm_loss(self, failures) -> None:
+    def confirm_loss(self, failures: dict[int, str]) -> Loss | None:
         # gloo saying a peer hung up means a process or a link is gone: give the
         # controller's heartbeat the time to confirm, and name the host it lost.
         if any(_LOST_PEER.search(text) for text in failures.values()):
-            self._check_alive(wait=min(self.spec.timeout, LOSS_WAIT))
+            return self.lost(wait=min(self.spec.timeout, LOSS_WAIT))
+        return None
 
-    def _wrap(self, result):
-        return _Result(self, result)
-
-    def _frames(self, tasks, deadline):
+    def frames(self, ranks: list[int], deadline: float) -> dict[int, list]:
         return {}                   # signals do not cross hosts: stacks are out of reach
 
-    def _locate(self, tasks, deadline):
+    def locate(self, ranks: list[int], deadline: float) -> tuple[dict, dict]:
         # Signals do not cross hosts, so a stuck rank's stack is out of reach.
-        where = {t.rank: f"running on host {self.placements[t.rank].host} (its stack cannot be "
-                 f"read from here)" for t in tasks}
+        where = {rank: f"running on host {self.placements[rank].host} (its stack cannot be "
+                 f"read from here)" for rank in ranks}
         return where, {}
 
-    def _send_interrupt(self, ranks) -> None:
+    def interrupt(self, ranks: list[int]) -> None:
         # Through the engines' nanny: our signals do not reach other hosts.
+        ids = [self._engine_ids()[r] for r in ranks]
         try:
-            self._client.send_signal(signal.SIGINT, [self._engine_ids[r] for r in ranks],
-                                     block=False)
+            self.engine_set.client.send_signal(signal.SIGINT, ids, block=False)
         except Exception:
-            pass
+            log.debug("SIGINT through the nanny of engines %s failed", ids, exc_info=True)
 
     # ------------------------------------------------------------- ending
-    def _shut_down(self) -> None:
-        """Close our connection; stop the engines only if this lab started them."""
-        client, self._client, self._cluster = self._client, None, None
-        if client is not None:
-            alive = set(client.ids)
-            # Attached engines stay yours: leave the group and clean up, if they answer.
-            tmp = [(eid, e.tmpdir) for eid, e in self._engines.items() if eid in alive]
-            results = [client[eid].apply_async(_leave, d) for eid, d in tmp]
-            for r in results:
-                try:
-                    r.get(2)
-                except Exception:
-                    pass
-            client.close()
-        if self._launch is not None:
-            self._launch.stop()
+    def replace(self, calls: Any) -> bool:
+        """Engines on other hosts are placed afresh at every start: restart re-forms the lab."""
+        return False
 
-    def __repr__(self) -> str:
-        state = "running" if self.running else "stopped"
-        where = ", ".join(f"{h['address']}: ranks {h['ranks']}" for h in self.hosts)
-        return (f"<ddplab.HostLab world_size={self.world_size} backend={self.backend!r} "
-                f"{state} hosts=[{where}]>")
+    def shut_down(self) -> None:
+        """Leave the group on every engine; stop the engines only if this lab started them."""
+        import shutil
+        engines, self.engine_set = self.engine_set, None
+        self.running = False
+        try:
+            if engines is not None:
+                alive = engines.registered()
+                # Attached engines stay yours: leave the group and clean up, if they answer.
+                tmp = [(eid, e.tmpdir) for eid, e in self._described.items() if eid in alive]
+                results = [engines.client[eid].apply_async(_leave, d) for eid, d in tmp]
+                for result in results:
+                    try:
+                        result.get(2)
+                    except Exception:
+                        log.debug("an engine did not leave its group", exc_info=True)
+                engines.close()
+            if self._launch is not None:
+                self._launch.stop()
+        finally:
+            if self.directory:
+                shutil.rmtree(self.directory, ignore_errors=True)
+                self.directory = ""
 
 
 # ------------------------------------------------------------- on the engines
@@ -275,83 +315,13 @@ def _leave(tmpdir: str) -> None:
 
 
 # ------------------------------------------------------------- on the kernel
+def _engine_lost(error: Exception) -> bool:
+    """Whether ipyparallel says an engine is gone: it raises ``EngineError`` while waiting
+    for engines, and reports a task whose engine died as a ``RemoteError`` carrying one."""
+    return isinstance(error, EngineError) or getattr(error, "ename", "") == "EngineError"
+
+
 def _url_host(url: str) -> str:
     """``tcp://10.0.0.1:5555`` -> ``10.0.0.1``."""
     host = url.split("://", 1)[-1].rsplit(":", 1)[0]
     return "127.0.0.1" if host in ("*", "0.0.0.0", "") else host
-
-
-def start_hosts(world_size: int, backend: str = "auto", timeout: float = 60, *,
-                hosts=None, engines: str | None = None, listen: str | None = None,
-                ssh_cmd: list[str] | None = None, remote_python: str | None = None,
-                config: dict | None = None, grace: float = 2.0, pg_timeout: float = 1800,
-                debug: bool = False) -> HostLab:
-    """``ddplab.start(..., hosts=[...])`` / ``engines=``: see this module's docstring.
-
-    - ``hosts``: hostnames (``user@host:port`` works), ranks split evenly, or
-      ``{"host": ranks}``. Implies ``engines="ssh"``.
-    - ``engines``: ``"ssh"``, ``"mpi"`` or ``"slurm"``: ipyparallel's launcher.
-    - ``listen``: the address our controller listens on; by default the one
-      this machine uses to reach the first host (for mpi/slurm: all
-      interfaces, ``"*"``, since the compute nodes are not known in advance).
-    - ``ssh_cmd``: the ssh command, ``["ssh", "-i", "key"]`` for example.
-    - ``config``: more launcher settings, ``{"SlurmEngineSetLauncher": {"account": "x"}}``.
-    """
-    n = check_world_size(world_size)
-    launch, order = hostlaunch.plan(n, hosts=hosts, engines=engines, listen=listen,
-                                    ssh_cmd=ssh_cmd, remote_python=remote_python, config=config)
-    spec = LabSpec(world_size=n, backend=backend, timeout=check_timeout(timeout),
-                   grace=check_timeout(grace, "grace", example=2),
-                   pg_timeout=check_timeout(pg_timeout, "pg_timeout"), debug=bool(debug))
-    lab = HostLab(spec, host_order=order, launch=launch)
-    return _make_current(lab)
-
-
-def attach(url_file: str | None = None, *, profile: str | None = None,
-           profile_dir: str | None = None, cluster_id: str | None = None, world_size: int | None = None,
-           backend: str = "auto", timeout: float = 60, hosts_order: list[str] = (),
-           grace: float = 2.0, pg_timeout: float = 1800, debug: bool = False) -> HostLab:
-    """Join a cluster you started (``ipcluster start``, a Slurm job) and form the group over it.
-
-    Give the controller's ``ipcontroller-client.json`` (``url_file``), or a
-    ``profile`` and ``cluster_id`` as you gave ``ipcluster``. ``world_size``
-    defaults to every engine registered. Your engines keep running after
-    ``lab.stop()``; they only leave the process group.
-    """
-    n = None if world_size is None else check_world_size(world_size)
-    spec = LabSpec(world_size=n or 0, backend=backend, timeout=check_timeout(timeout),
-                   grace=check_timeout(grace, "grace", example=2),
-                   pg_timeout=check_timeout(pg_timeout, "pg_timeout"), debug=bool(debug))
-    if backend not in ("auto", "gloo", "nccl"):
-        raise ConfigError(f"ddplab: backend={backend!r} is not one ddplab knows. "
-                          f"Use one of 'auto', 'gloo', 'nccl'.")
-
-    def connect():
-        import ipyparallel as ipp
-        if url_file is not None:
-            # A job script may attach while its controller is still writing the file.
-            deadline = time.monotonic() + spec.timeout
-            while not os.path.exists(url_file) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if not os.path.exists(url_file):
-                raise ConfigError(f"ddplab: no connection file at {url_file} after "
-                                  f"{spec.timeout:g} s. Start the controller first (ipcluster "
-                                  f"start / ipcontroller) and give its ipcontroller-client.json.")
-            return ipp.Client(url_file)
-        kwargs = {k: v for k, v in (("profile", profile), ("profile_dir", profile_dir),
-                                    ("cluster_id", cluster_id)) if v is not None}
-        return ipp.Client(timeout=spec.timeout, **kwargs)
-
-    lab = HostLab(spec, connect=connect, host_order=[hostlaunch.address(h) for h in hosts_order])
-    return _make_current(lab)
-
-
-def _make_current(lab: HostLab) -> HostLab:
-    cluster.stop_current()
-    lab.start()
-    cluster.make_current(lab)
-    names = ", ".join(f"{h['address']} ({len(h['ranks'])})" for h in lab.hosts)
-    display.say(f"ddplab: {lab.world_size} ranks ready on {len(lab.hosts)} hosts [{names}], "
-                f"backend {lab.backend_reason}.")
-    magics.register()
-    return lab

@@ -1,20 +1,38 @@
-"""Where a notebook starts its lab: ``start()`` picks one host or several.
+"""Where a notebook starts its lab: ``start()`` on this machine or on several hosts,
+``attach()`` to engines you started.
 
-``ddplab.start``, ``ddplab.attach`` and ``ddplab.current`` are these. The lab
-itself is ``cluster.Lab`` (one host) or ``multihost.HostLab`` (several).
+``ddplab.start`` and ``ddplab.attach`` are these. Each builds a ``Lab``
+(``ddplab.lab.lab``) from the right ``Ranks`` and makes it the current lab
+in one step (``_adopt``): the lab it replaces stops, the new one starts, says
+where its ranks are, and the ``%%ranks`` magics are registered.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
-from ..env import check_fits, check_init_method, check_timeout, check_world_size, gpu_count
+from ..env import check_fits, check_world_size, gpu_count
 from ..errors import ConfigError
-from . import cluster, display, magics, multihost
-from .cluster import Lab, LabSpec, current
-from .multihost import attach
+from . import current_lab, display, hostlaunch, magics
+from .lab import Lab
+from .multihost import HostRanks
+from .ranks import LabSpec
 
-__all__ = ["attach", "current", "start"]
+__all__ = ["attach", "start"]
+
+
+def _adopt(lab: Lab) -> Lab:
+    """Make ``lab`` the current lab: stop the one it replaces, start it, say where it runs."""
+    running = current_lab.current_or_none()
+    if running is not None:
+        running.stop(keep_warm=True)      # the engine template stays warm for the new lab
+    lab.start()
+    current_lab.make_current(lab)
+    display.say(f"ddplab: {lab.describe()}")
+    magics.register()
+    return lab
 
 
 def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
@@ -101,24 +119,77 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
                 f"several hosts always joins its ranks at rank 0's TCPStore (see "
                 f"ddplab.lab.multihost). Use start(hosts=...) without init_method, or "
                 f"start(world_size=..., init_method={init_method!r}) for local ranks.")
-        return multihost.start_hosts(world_size, backend, timeout, hosts=hosts, engines=engines,
-                                     grace=grace, pg_timeout=pg_timeout, debug=debug,
-                                     **host_options)
-    spec = LabSpec(world_size=check_world_size(world_size), backend=backend,
-                   timeout=check_timeout(timeout), grace=check_timeout(grace, "grace", example=2),
-                   pg_timeout=check_timeout(pg_timeout, "pg_timeout"), debug=bool(debug),
-                   init_method=check_init_method(init_method))
+        return _start_hosts(world_size, backend, timeout, hosts=hosts, engines=engines,
+                            grace=grace, pg_timeout=pg_timeout, debug=debug, **host_options)
+    spec = LabSpec.build(world_size, backend, timeout, grace=grace, pg_timeout=pg_timeout,
+                         debug=debug, init_method=init_method)
     gpus = gpu_count() if spec.backend in ("auto", "nccl") else 0
     lab = Lab(spec, gpus)                  # validates the backend before anything starts
-    running = cluster.current_or_none()
+    running = current_lab.current_or_none()
     if running is not None and running.running and running.spec == spec:
         return running
     warning = check_fits(spec.world_size)      # refuses what memory cannot hold
     if warning:
         display.say(warning)
-    cluster.stop_current()                 # the engine template stays warm for the new lab
-    lab.start()
-    cluster.make_current(lab)
-    display.say(f"ddplab: {spec.world_size} ranks ready, backend {lab.backend_reason}.")
-    magics.register()
-    return lab
+    return _adopt(lab)
+
+
+def _start_hosts(world_size: int, backend: str = "auto", timeout: float = 60, *,
+                 hosts: Any = None, engines: str | None = None, listen: str | None = None,
+                 ssh_cmd: list[str] | None = None, remote_python: str | None = None,
+                 config: dict | None = None, grace: float = 2.0, pg_timeout: float = 1800,
+                 debug: bool = False) -> Lab:
+    """``ddplab.start(..., hosts=[...])`` / ``engines=``: see ``ddplab.lab.multihost``.
+
+    - ``hosts``: hostnames (``user@host:port`` works), ranks split evenly, or
+      ``{"host": ranks}``. Implies ``engines="ssh"``.
+    - ``engines``: ``"ssh"``, ``"mpi"`` or ``"slurm"``: ipyparallel's launcher.
+    - ``listen``: the address our controller listens on; by default the one
+      this machine uses to reach the first host (for mpi/slurm: all
+      interfaces, ``"*"``, since the compute nodes are not known in advance).
+    - ``ssh_cmd``: the ssh command, ``["ssh", "-i", "key"]`` for example.
+    - ``config``: more launcher settings, ``{"SlurmEngineSetLauncher": {"account": "x"}}``.
+    """
+    n = check_world_size(world_size)
+    launch, order = hostlaunch.plan(n, hosts=hosts, engines=engines, listen=listen,
+                                    ssh_cmd=ssh_cmd, remote_python=remote_python, config=config)
+    spec = LabSpec.build(n, backend, timeout, grace=grace, pg_timeout=pg_timeout, debug=debug)
+    return _adopt(Lab(spec, ranks=HostRanks(spec, launch=launch, host_order=order)))
+
+
+def attach(url_file: str | None = None, *, profile: str | None = None,
+           profile_dir: str | None = None, cluster_id: str | None = None,
+           world_size: int | None = None, backend: str = "auto", timeout: float = 60,
+           hosts_order: list[str] = (), grace: float = 2.0, pg_timeout: float = 1800,
+           debug: bool = False) -> Lab:
+    """Join a cluster you started (``ipcluster start``, a Slurm job) and form the group over it.
+
+    Give the controller's ``ipcontroller-client.json`` (``url_file``), or a
+    ``profile`` and ``cluster_id`` as you gave ``ipcluster``. ``world_size``
+    defaults to every engine registered. Your engines keep running after
+    ``lab.stop()``; they only leave the process group.
+    """
+    spec = LabSpec.build(world_size, backend, timeout, grace=grace, pg_timeout=pg_timeout,
+                         debug=debug)
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ConfigError(f"ddplab: backend={backend!r} is not one ddplab knows. "
+                          f"Use one of 'auto', 'gloo', 'nccl'.")
+
+    def connect() -> Any:
+        import ipyparallel as ipp
+        if url_file is not None:
+            # A job script may attach while its controller is still writing the file.
+            deadline = time.monotonic() + spec.timeout
+            while not os.path.exists(url_file) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if not os.path.exists(url_file):
+                raise ConfigError(f"ddplab: no connection file at {url_file} after "
+                                  f"{spec.timeout:g} s. Start the controller first (ipcluster "
+                                  f"start / ipcontroller) and give its ipcontroller-client.json.")
+            return ipp.Client(url_file)
+        kwargs = {k: v for k, v in (("profile", profile), ("profile_dir", profile_dir),
+                                    ("cluster_id", cluster_id)) if v is not None}
+        return ipp.Client(timeout=spec.timeout, **kwargs)
+
+    order = [hostlaunch.address(h) for h in hosts_order]
+    return _adopt(Lab(spec, ranks=HostRanks(spec, connect=connect, host_order=order)))

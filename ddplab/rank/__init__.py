@@ -6,6 +6,10 @@
   ``os.write``, gloo's and NCCL's C++ logs) into the same recorder as ``print``.
 - ``trace``: while ``lab.trace()`` runs, records this rank's torch.distributed
   operations (Python calls and the c10d ops torch issues itself, DDP's included).
+- ``where``: where a rank is, from its stack: the torch.distributed call it
+  waits in and the user's line (``all_reduce``, ``cell line 3``), in one
+  wording for the live status (``blocked``), the hang report
+  (``ddplab.lab.diagnose``) and the trace (``recorder``).
 - ``guard``: the wrapper every controller and engine process runs under
   (``python -m ddplab.rank.guard MODULE``); it exits when the kernel dies.
 

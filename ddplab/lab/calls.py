@@ -1,0 +1,315 @@
+"""Calls on the ranks, and how they ended: what ``lab.run`` and ``%%ranks`` wait on.
+
+``Calls`` sends a function or a cell to some ranks (through the lab's
+``Ranks``), waits for them while live output and progress bars update, shows
+each rank's output in rank order, and turns what happened into one outcome:
+
+- every rank finished: the values, by rank;
+- a rank raised: ``RankError`` with its traceback (at once if the others are
+  stuck waiting for it: they are reported where they wait);
+- the ranks did not finish within the timeout: ``HangError`` saying where each
+  stuck rank is (``ddplab.lab.diagnose``);
+- a ``%%rank N`` cell still running after its grace: it stays *pending*, says
+  whether it waits for another rank, and its output and errors come with the
+  next call that finishes (labelled as that earlier cell's);
+- an engine is gone: ``EngineDiedError`` naming the rank and the likely cause;
+- Kernel > Interrupt: SIGINT to the running ranks, and whether the lab is usable.
+
+After a hang, a rank stuck after a failure, a lost engine or an interrupt that
+a rank could not obey, the lab is *broken*: ``broken`` says why and every call
+says to ``lab.restart()``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .. import progress
+from ..errors import DdplabError, EngineDiedError, HangError, RankError
+from ..text import plural
+from . import diagnose, display, live
+from .ranks import Loss, Ranks
+
+#: After one rank fails, how long the others get to finish before we conclude
+#: they are waiting for it (in a collective, or a recv) and report the failure.
+FAILURE_SETTLE = 1.0
+
+
+@dataclass
+class Task:
+    """One submission to one rank, and what came back."""
+    rank: int
+    result: Any                    # an ipyparallel AsyncResult, or one rank's part of one
+    note: str = ""                 # label suffix when shown late
+    outcome: dict | None = field(default=None)
+
+
+class Calls:
+    """The calls a lab sent to its ranks; see this module's docstring."""
+
+    def __init__(self, ranks: Ranks, *, bare: bool = False) -> None:
+        self.ranks = ranks
+        self.bare = bare               # ranks that join a group themselves (init_method=None)
+        self.pending: list[Task] = []  # %%rank cells left running after their grace
+        self.broken = ""               # why the lab needs a restart, if it does
+
+    # ------------------------------------------------------------- sending
+    def submit(self, ranks: list[int], fn: Callable, *args: Any) -> list[Task]:
+        """``fn(*args)`` on each of ``ranks``, not waited for: one ``Task`` per rank."""
+        return [Task(rank, result) for rank, result in zip(ranks, self.ranks.apply(ranks, fn, *args))]
+
+    def call(self, rank: int, fn: Callable, *args: Any) -> Task:
+        """``fn(*args)`` on one rank, not waited for."""
+        return self.submit([rank], fn, *args)[0]
+
+    # ------------------------------------------------------------- health
+    def died(self, loss: Loss) -> EngineDiedError:
+        """Record a lost engine: the lab is broken until restarted. The error to raise."""
+        self.broken = loss.reason
+        return EngineDiedError(f"ddplab: {loss.reason} Recover with: {loss.recovery}",
+                               loss.ranks, reason=loss.reason)
+
+    def check_alive(self, wait: float = 0.0) -> None:
+        """Raise ``EngineDiedError`` naming the ranks whose engine is gone."""
+        loss = self.ranks.lost(wait)
+        if loss is not None:
+            raise self.died(loss)
+
+    def ensure_usable(self) -> None:
+        """Raise ``DdplabError`` saying how to recover if the lab is stopped or broken."""
+        if not self.ranks.running:
+            raise DdplabError("ddplab: this lab is stopped. Start one with "
+                              "lab = ddplab.start(...) or call lab.restart().")
+        if self.broken:
+            raise DdplabError(f"ddplab: {self.broken} Recover with: lab.restart()")
+        self.check_alive()
+
+    def forget(self) -> None:
+        """The ranks were replaced: nothing is pending and nothing is broken."""
+        self.pending.clear()
+        self.broken = ""
+
+    # ------------------------------------------------------------- waiting
+    def await_join(self, tasks: list[Task], timeout: float) -> None:
+        """Wait for the ranks' ``join_group`` calls; raise if one failed or they hang."""
+        if self._wait(tasks, timeout) != "done":
+            failures = self._replay(tasks)
+            if failures:
+                raise rank_error(failures)
+            raise self._hang_error(tasks, timeout, "init_process_group")
+
+    def finish(self, tasks: list[Task], timeout: float, grace: float | None) -> None:
+        """Wait for ``tasks`` and earlier pending tasks, show output, raise on failure.
+
+        A failure of an earlier cell (one left running after its grace) is shown,
+        labelled as that cell's, and never fails this call or changes its result.
+        """
+        pending, self.pending = self.pending, []
+        everything = pending + tasks
+        state = self._wait(everything, timeout if grace is None else grace, own=tasks)
+        if state == "timeout" and grace is None:
+            self._replay(everything, stuck=True)
+            raise self._hang_error(everything, timeout, "cell")
+        still = [t for t in everything if t.outcome is None]
+        failures = _failures(tasks)
+        # Ranks still running beside a failure are about to be reported stuck.
+        self._replay(everything, stuck=bool(failures and still))
+        late = _failures(pending)
+        if failures and still:
+            # A rank failed while others wait for it in a collective: they
+            # would wait until the group's timeout, so report it now.
+            raise self._stuck_after_failure(failures, still)
+        for task in still:
+            task.note = "(the earlier cell that was still running)"
+        self.pending = still
+        if late:
+            display.say("\n".join(
+                f"ddplab: the earlier cell still running on rank {rank} raised (this is that "
+                f"cell's error, not this cell's):\n{error}" for rank, error in sorted(late.items())))
+        joining = self._joining(still)
+        if joining:
+            display.say(diagnose.joining_message(joining, self.ranks.world_size))
+        elif still:
+            self._say_still_running(still)
+        if failures:
+            raise rank_error(failures)
+
+    def wait_pending(self, timeout: float) -> None:
+        """Wait for cells still running from earlier ``%%rank`` cells; their failures raise."""
+        earlier, self.pending = self.pending, []
+        self.finish(earlier, timeout, grace=None)
+
+    def _wait(self, tasks: list[Task], timeout: float, own: list[Task] | None = None) -> str:
+        """Wait for ``tasks``; return ``"done"``, ``"failed"`` or ``"timeout"``.
+
+        ``"failed"``: a rank failed and the others have not finished for
+        ``FAILURE_SETTLE`` seconds, so they are most likely waiting for it.
+        Only failures of ``own`` (default: all of ``tasks``) count: an earlier
+        cell's late failure blocks nobody in this call.
+        """
+        own_ids = {id(t) for t in (tasks if own is None else own)}
+        deadline = time.monotonic() + timeout
+        failed_at = None
+        board = progress.Board()                 # live bars, once a rank calls progress.report
+        areas = live.Board()                     # live output, once a rank prints
+        try:
+            while True:
+                for task in tasks:
+                    if task.outcome is None and task.result.ready():
+                        task.outcome = self._outcome(task)
+                board.update({t.rank: t.result for t in tasks})
+                areas.update(tasks)
+                undone = [t for t in tasks if t.outcome is None]
+                if not undone:
+                    return "done"
+                now = time.monotonic()
+                if failed_at is None and any(not t.outcome["ok"] for t in tasks
+                                             if t.outcome and id(t) in own_ids):
+                    failed_at = now
+                if failed_at is not None and now - failed_at >= FAILURE_SETTLE:
+                    return "failed"
+                if now >= deadline:
+                    return "timeout"
+                if not undone[0].result.wait(min(0.2, deadline - now)):
+                    self.check_alive()           # no news for a while: is someone dead?
+        except KeyboardInterrupt:
+            self._interrupt(tasks)
+            raise
+        finally:
+            areas.close()                        # the final output is printed after this
+
+    def _outcome(self, task: Task) -> dict:
+        """A finished task's outcome; a lost engine (which the ranks name) is recorded."""
+        try:
+            return task.result.get()
+        except EngineDiedError as e:
+            self.broken = e.reason or self.broken
+            raise
+
+    def _interrupt(self, tasks: list[Task]) -> None:
+        """Kernel > Interrupt: pass SIGINT on to the ranks still running."""
+        running = [t for t in tasks if not t.result.ready()]
+        self.ranks.interrupt([t.rank for t in running])
+        deadline = time.monotonic() + 3
+        for task in running:
+            while not task.result.ready() and time.monotonic() < deadline:
+                task.result.wait(0.1)
+        stuck = [t.rank for t in running if not t.result.ready()]
+        self.pending = []
+        if stuck:
+            self.broken = (f"rank {', '.join(map(str, stuck))} did not stop on interrupt "
+                           f"(blocked inside a torch.distributed call).")
+            display.say(f"ddplab: interrupted; {self.broken} Recover with: lab.restart()")
+        else:
+            display.say("ddplab: interrupted; the ranks stopped and the lab is usable.")
+
+    # ------------------------------------------------------------- reporting
+    @staticmethod
+    def _replay(tasks: list[Task], stuck: bool = False) -> dict[int, str]:
+        """Show finished tasks' output in rank order; return their failures by rank.
+
+        ``stuck``: the unfinished tasks are stuck (a hang is about to be
+        reported), so show what they printed before, from their live screens.
+        """
+        failures: dict[int, str] = {}
+        for task in sorted(tasks, key=lambda t: t.rank):
+            if task.outcome is not None:
+                display.replay(task.rank, task.outcome["events"], task.note)
+                if not task.outcome["ok"]:
+                    failures[task.rank] = task.outcome["error"]
+            elif stuck:
+                _replay_stuck(task)
+        return failures
+
+    def _locate(self, tasks: list[Task], seconds: float) -> tuple[dict, dict]:
+        return self.ranks.locate(sorted({t.rank for t in tasks}), time.monotonic() + seconds)
+
+    def _joining(self, still: list[Task]) -> list[int]:
+        """On bare ranks: the still-running ranks, if every one waits in init_process_group."""
+        if not self.bare or not still:
+            return []
+        where = self._locate(still, 2)[0]
+        if all(diagnose.waiting_to_join(w) for w in where.values()):
+            return sorted(where)
+        return []
+
+    def _say_still_running(self, still: list[Task]) -> None:
+        """Say which ranks a cell left running, and whether each waits for another rank."""
+        ranks = sorted({t.rank for t in still})
+        frames = self.ranks.frames(ranks, time.monotonic() + 4)
+        doing = {rank: diagnose.activity(frames.get(rank, [])) for rank in ranks}
+        waiting = [rank for rank in ranks if doing[rank][0]]
+        tail = ("It keeps running; its output appears when a later ddplab cell finishes, "
+                "or call lab.wait().")
+        if len(ranks) == 1:
+            rank, (in_dist, what) = ranks[0], doing[ranks[0]]
+            why = (f"{what}: waiting for another rank (a send waits for its recv, a collective "
+                   f"for every rank). Run the matching cell on the other rank." if in_dist else
+                   f"{what}, not inside a torch.distributed call: it is busy with its own "
+                   f"work, not waiting for another rank.")
+            display.say(f"ddplab: rank {rank} is still running this cell, {why} {tail}")
+            return
+        lines = [f"ddplab: ranks {', '.join(map(str, ranks))} are still running this cell:"]
+        lines += [f"  rank {rank}: {what}, " + ("waiting for another rank" if in_dist else
+                                                "not inside a torch.distributed call (busy, "
+                                                "not waiting)")
+                  for rank, (in_dist, what) in doing.items()]
+        if waiting:
+            lines.append("A rank inside a torch.distributed call waits for the matching call "
+                         "on the other ranks: run that cell.")
+        lines.append(tail.replace("It keeps", "They keep").replace("its output", "their output"))
+        display.say("\n".join(lines))
+
+    def _stuck_after_failure(self, failures: dict[int, str], still: list[Task]) -> RankError:
+        loss = self.ranks.confirm_loss(failures)
+        if loss is not None:
+            raise self.died(loss)
+        where = self._locate(still, 4)[0]
+        self.broken = "ranks are stuck waiting for a rank that failed."
+        error = rank_error(failures)
+        lines = [str(error), "Meanwhile:"]
+        lines += [f"  rank {rank}: still {where[rank]}, waiting for the failed rank"
+                  for rank in sorted(where)]
+        lines.append("Those ranks cannot be freed from inside. Recover with: lab.restart()")
+        return RankError("\n".join(lines), failures)
+
+    def _hang_error(self, tasks: list[Task], timeout: float, what: str) -> HangError:
+        states = {t.rank: ("still running" if t.outcome is None else
+                           "finished" if t.outcome["ok"] else "failed") for t in tasks}
+        where, stacks = self._locate([t for t in tasks if t.outcome is None], 4)
+        lines = [f"ddplab: the {what} did not finish within timeout={timeout:g} s; "
+                 f"ranks are probably waiting for each other (a deadlock)."]
+        for rank, state in states.items():
+            lines.append(f"  rank {rank}: " + (f"still {where[rank]}" if rank in where else state))
+        if any(diagnose.waiting_to_join(w) for w in where.values()):
+            lines.append(diagnose.join_hint(self.ranks.world_size))
+        for rank, stack in stacks.items():
+            if stack:
+                lines.append(f"Stack of rank {rank} (most recent call last):\n{stack}")
+        self.broken = "ranks are stuck after a hang."
+        lines.append("Stuck ranks cannot be freed from inside. Recover with: lab.restart()")
+        return HangError("\n".join(lines), states, where, stacks)
+
+
+def _failures(tasks: list[Task]) -> dict[int, str]:
+    return {t.rank: t.outcome["error"] for t in tasks
+            if t.outcome is not None and not t.outcome["ok"]}
+
+
+def _replay_stuck(task: Task) -> None:
+    """Show what a stuck rank printed before it got stuck: its last live screen."""
+    text = live.screen(task.result)
+    if text:
+        last = text if text.endswith("\n") else text + "\n"
+        display.replay(task.rank, [("stdout", last)],
+                       "(stuck; what it printed last, before the diagnosis below)")
+
+
+def rank_error(failures: dict[int, str]) -> RankError:
+    """The ``RankError`` for tracebacks by rank: one head line, then each rank's traceback."""
+    ranks = sorted(failures)
+    head = f"ddplab: the code raised on {plural(len(ranks), 'rank')} {', '.join(map(str, ranks))}."
+    body = "\n".join(f"--- rank {rank} ---\n{failures[rank]}" for rank in ranks)
+    return RankError(f"{head}\n{body}", failures)

@@ -1,0 +1,289 @@
+"""``Lab``: the running group of ranks a notebook drives. Make one with ``ddplab.start``.
+
+The lab's lifecycle and failure modes are described in ``ddplab.lab`` (the
+package docstring). A ``Lab`` is composed of two parts and never subclassed:
+
+- a ``Ranks`` (``ddplab.lab.ranks``): the processes, on this machine
+  (``LocalRanks``) or on several hosts (``HostRanks``);
+- a ``Calls`` (``ddplab.lab.calls``): what was sent to the ranks and how it ended.
+
+``Lab`` itself checks arguments, keeps the lab's lifecycle (start, restart,
+stop, the exit handler) and returns results by rank.
+"""
+
+from __future__ import annotations
+
+import atexit
+from dataclasses import replace
+from typing import Any, Callable, Iterable
+
+from ..env import check_timeout
+from ..errors import ConfigError, EngineDiedError
+from ..rank import engine
+from . import current_lab, template
+from .calls import Calls, Task
+from .local import LocalRanks
+from .ranks import LabSpec, Ranks
+
+__all__ = ["Lab", "LabSpec", "Task"]
+
+
+class Lab:
+    """A running group of ranks. Make one with ``ddplab.start`` (or ``ddplab.attach``).
+
+    ``Lab(spec, gpus)`` runs the ranks on this machine; ``Lab(spec, ranks=...)``
+    runs them wherever that ``Ranks`` puts them.
+    """
+
+    def __init__(self, spec: LabSpec, gpus: int = 0, *, ranks: Ranks | None = None) -> None:
+        self.spec = spec
+        self._ranks: Ranks = LocalRanks(spec, gpus) if ranks is None else ranks
+        self._calls = Calls(self._ranks, bare=spec.init_method is None)
+
+    # ------------------------------------------------------------- state
+    @property
+    def world_size(self) -> int:
+        return self._ranks.world_size
+
+    @property
+    def ranks(self) -> list[int]:
+        """The torch ranks, ``[0, 1, ..., world_size - 1]``."""
+        return list(range(self.world_size))
+
+    @property
+    def backend(self) -> str:
+        return self._ranks.backend
+
+    @property
+    def backend_reason(self) -> str:
+        """The backend and why it was chosen, e.g. ``"gloo (no GPU here)"``."""
+        return self._ranks.backend_reason
+
+    @property
+    def running(self) -> bool:
+        return self._ranks.running
+
+    @property
+    def pids(self) -> list[int]:
+        """The engine process ids, indexed by rank (for tests and tools, not for output)."""
+        return self._ranks.pids
+
+    @property
+    def directory(self) -> str:
+        """The lab's owner-only (0700) directory: connection files, store, stack files.
+        ``""`` once stopped (it is removed)."""
+        return self._ranks.directory
+
+    @property
+    def controller_pid(self) -> int | None:
+        """The pid of the ipyparallel controller this lab started here, if it did."""
+        return self._ranks.controller_pid
+
+    @property
+    def hosts(self) -> list[dict]:
+        """One entry per host, in node-rank order: ``node_rank``, ``address``, ``hostname``, ``ranks``."""
+        return self._ranks.hosts
+
+    @property
+    def store_path(self) -> str:
+        """The file of the default rendezvous' FileStore, in the lab's 0700 directory: the
+        latest group's (``""`` before any, and on multi-host labs); removed by ``stop()``."""
+        return getattr(self._ranks, "store_path", "")
+
+    @property
+    def engines(self) -> Ranks:
+        """The processes of the ranks: a ``LocalRanks`` or ``HostRanks`` (for tools and tests)."""
+        return self._ranks
+
+    @property
+    def calls(self) -> Calls:
+        """What the lab sent to its ranks (for tools and tests: ``lab.calls.submit`` sends
+        without waiting)."""
+        return self._calls
+
+    @property
+    def broken_reason(self) -> str:
+        """Why this lab needs ``restart()`` (a hang, a rank stuck after a failure, a lost
+        engine), or ``""`` while it is usable or stopped."""
+        if self.running and not self._calls.broken:
+            try:
+                self._calls.check_alive()
+            except EngineDiedError:
+                pass                      # check_alive recorded why
+        return self._calls.broken if self.running else ""
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the lab is running and usable: every rank alive, none stuck."""
+        return self.running and not self.broken_reason
+
+    def describe(self) -> str:
+        """One line: how many ranks, where, which backend (what ``start`` prints)."""
+        return self._ranks.describe()
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self) -> "Lab":
+        """Start this lab's processes and form the group (``ddplab.start`` does it). Returns the lab."""
+        # A script that ends without lab.stop() must not leave processes or files
+        # behind; _teardown unregisters this again, so restarts do not pile them up.
+        atexit.register(self._teardown)
+        try:
+            self._ranks.bring_up(self._calls)
+        except BaseException:
+            self._teardown()
+            raise
+        if self.spec.world_size != self._ranks.world_size:    # attach: every engine there
+            self.spec = replace(self.spec, world_size=self._ranks.world_size)
+        self._exit_first()
+        self._calls.forget()
+        return self
+
+    def _exit_first(self) -> None:
+        """Make this lab's teardown the first exit handler to run (atexit runs the last
+        registered first).
+
+        A kernel that is shut down (Kernel > Shut down) gets about 2.5 s to exit
+        before Jupyter sends SIGTERM, then SIGKILL. Handlers registered while the lab
+        came up (the engine template's) wait up to 5 s for stuck engines to act on
+        SIGTERM; run before ours, they used up that time, the kernel was killed
+        between ending the controller (whose guard removes the directory when the
+        kernel dies) and removing the directory itself, and the directory stayed.
+        Our teardown kills stuck engines at once (``grace=0``), then the rest.
+        """
+        atexit.unregister(self._teardown)
+        atexit.register(self._teardown)
+
+    def _teardown(self) -> None:
+        """End every process this lab started and remove its files (even if ending one failed)."""
+        try:
+            self._ranks.shut_down()
+        finally:
+            self._calls.forget()
+            atexit.unregister(self._teardown)
+
+    def stop(self, *, keep_warm: bool = False) -> None:
+        """End every engine and the controller, and remove the lab's files.
+
+        It also ends the kernel's engine template (``ddplab.lab.template``) unless
+        another lab is running (or ``keep_warm``, as when ``start()`` replaces one
+        lab by another): after ``lab.stop()`` nothing ddplab started is left running.
+        """
+        self._teardown()
+        current_lab.forget(self)
+        if not keep_warm:
+            template.stop_if_unused()
+
+    def restart(self) -> "Lab":
+        """Replace every engine with a fresh one; ranks stay 0..N-1. Returns the lab.
+
+        After ``lab.stop()`` this starts the lab again, and it becomes the
+        current lab (what ``%%ranks`` and ``ddplab.start()`` find) unless
+        another lab is running as the current one by then.
+        """
+        if self.running:
+            self._calls.forget()
+            try:
+                if self._ranks.replace(self._calls):
+                    self._exit_first()       # a template started anew registered its own handler
+                    self._calls.forget()
+                    return self
+            except BaseException:
+                self._teardown()
+                raise
+        self._teardown()
+        self.start()
+        current_lab.offer(self)
+        return self
+
+    def __enter__(self) -> "Lab":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        hosts = self.hosts
+        where = "" if len(hosts) < 2 else " hosts=[" + ", ".join(
+            f"{h['address']}: ranks {h['ranks']}" for h in hosts) + "]"
+        return f"<ddplab.Lab world_size={self.world_size} backend={self.backend!r} {state}{where}>"
+
+    # ------------------------------------------------------------- running
+    def check_ranks(self, ranks: Iterable[int] | int | None, spelled: str | None = None) -> list[int]:
+        """The ranks to run on, sorted; ConfigError naming the fix if any is not a rank here.
+
+        ``spelled`` is how the user wrote them (``"%%rank 5"``), for the message.
+        """
+        if ranks is None:
+            return self.ranks
+        chosen = [ranks] if isinstance(ranks, int) else list(ranks)
+        spelled = spelled or f"ranks={ranks!r}"
+        n = self.world_size
+        if not chosen:
+            raise ConfigError(f"ddplab: {spelled} names no rank. Name at least one of this "
+                              f"lab's ranks, 0..{n - 1}.")
+        bad = [r for r in chosen if isinstance(r, bool) or not isinstance(r, int)
+               or not 0 <= r < n]
+        if bad:
+            more = max((r for r in bad if isinstance(r, int) and not isinstance(r, bool)
+                        and r >= n), default=None)
+            bigger = f"ddplab.start(world_size={more + 1})" if more is not None else \
+                "ddplab.start(world_size=...)"
+            raise ConfigError(
+                f"ddplab: {spelled} names rank {bad[0]!r}, but this lab has ranks 0..{n - 1} "
+                f"(world_size={n}). Use one of those, or {bigger} for more.")
+        return sorted(set(chosen))
+
+    def ensure_usable(self) -> None:
+        """Raise ``DdplabError`` saying how to recover if the lab is stopped or broken."""
+        self._calls.ensure_usable()
+
+    def _timeout(self, timeout: float | None) -> float:
+        return self.spec.timeout if timeout is None else check_timeout(timeout)
+
+    def run(self, fn: Callable, *args: Any, ranks: Iterable[int] | None = None,
+            timeout: float | None = None, **kwargs: Any) -> Any:
+        """Call ``fn(*args, **kwargs)`` on every rank (or on ``ranks``) and return the results.
+
+        Returns a list indexed by rank; with ``ranks=`` given, a dict keyed by rank.
+        What the ranks print is shown afterwards, grouped by rank, in rank order.
+        Raises ``RankError`` if any rank raised, ``HangError`` after ``timeout``.
+        """
+        if not callable(fn):
+            raise ConfigError(f"ddplab: lab.run needs a function to call on the ranks, but got "
+                              f"{fn!r} ({type(fn).__name__}). Use lab.run(my_function, *args).")
+        chosen = self.check_ranks(ranks)
+        timeout = self._timeout(timeout)
+        self.ensure_usable()
+        tasks = self._calls.submit(chosen, engine.call, fn, args, kwargs)
+        self._calls.finish(tasks, timeout, grace=None)
+        values = {task.rank: task.outcome["value"] for task in tasks}
+        return [values[r] for r in self.ranks] if ranks is None else values
+
+    def run_cell(self, source: str, ranks: Iterable[int] | None = None,
+                 timeout: float | None = None, grace: float | None = None) -> None:
+        """Run notebook-cell source on ranks; what ``%%ranks`` and ``%%rank`` call.
+
+        With ``grace``, return once that many seconds pass with ranks still
+        running, leaving them running (the two-prompt style).
+        """
+        chosen = self.check_ranks(ranks)
+        timeout = self._timeout(timeout)
+        grace = None if grace is None else check_timeout(grace, "grace", example=2)
+        self.ensure_usable()
+        self._calls.finish(self._calls.submit(chosen, engine.run_cell, source), timeout, grace)
+
+    def trace(self, ranks: Iterable[int] | None = None, align: str = "auto") -> Any:
+        """Record what the ranks' torch.distributed calls do: ``with lab.trace() as tr:``.
+
+        ``tr`` then draws one lane per rank; see ``ddplab.trace``.
+        """
+        from ..trace import Trace
+        return Trace(self, ranks, align)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for cells still running from earlier ``%%rank`` cells and show their output."""
+        timeout = self._timeout(timeout)
+        self.ensure_usable()
+        # Waited for on purpose: their failures are this call's, and raise.
+        self._calls.wait_pending(timeout)
