@@ -21,7 +21,6 @@ import os
 import random
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -29,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
+
+from ddplab import procs
 
 __all__ = ["ssh_hosts", "slurm", "SSHHosts", "Slurm", "need_root", "ssh_network"]
 
@@ -53,14 +54,9 @@ def _ip(*args: str) -> None:
 
 
 def _end(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """End one daemon we started, by its pid."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    """End one daemon we started (and what it forked), by its pid; reap it."""
+    procs.end_tree(proc, grace=grace)
+    proc.wait(5)
 
 
 def _free_port() -> int:

@@ -32,6 +32,7 @@ from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
 
 import ddplab
+from ddplab import procs
 
 pytestmark = pytest.mark.realhosts
 
@@ -221,7 +222,7 @@ class TestSSH(Path):
     def lose(self, lab, setup):
         # The second host's engines are killed (as if the host went down).
         for rank in lab.hosts[-1]["ranks"]:
-            os.kill(lab.pids[rank], signal.SIGKILL)
+            procs.send(lab.pids[rank], signal.SIGKILL)
 
     def nothing_left(self, setup):
         # No process left under either host's sshd (its sessions, the agents, the engines).
@@ -265,7 +266,7 @@ class TestMPI(Path):
         return {"engines": "mpi", "config": MPI_ROOT}
 
     def lose(self, lab, setup):
-        os.kill(lab.pids[-1], signal.SIGKILL)             # mpiexec then ends the others
+        procs.send(lab.pids[-1], signal.SIGKILL)             # mpiexec then ends the others
 
 
 # ----------------------------------------------------------- starts that cannot work

@@ -25,7 +25,6 @@ import time
 import psutil
 from ipyparallel.cluster import launcher as ipp_launcher
 from ipyparallel.cluster.launcher import MPIEngineSetLauncher
-from traitlets import Unicode
 
 from ..errors import ConfigError
 
@@ -35,14 +34,19 @@ log = logging.getLogger(__name__)
 _LIVE = {"PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED"}
 
 
-class SlurmEngineSetLauncher(ipp_launcher.SlurmEngineSetLauncher):
-    """ipyparallel's Slurm launcher (same settings), whose job ends when one engine fails."""
-
-    default_template = Unicode("""#!/bin/sh
+_TEMPLATE = """#!/bin/sh
 #SBATCH --export=ALL
 #SBATCH --job-name=ipengine-{cluster_id}
 srun --kill-on-bad-exit=1 {program_and_args}
-""")
+"""
+
+
+class SlurmEngineSetLauncher(ipp_launcher.SlurmEngineSetLauncher):
+    """ipyparallel's Slurm launcher (same settings), whose job ends when one engine fails."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.default_template = _TEMPLATE      # what a batch_template you set replaces
 
 
 def read(path: str, limit: int = 6000) -> str:

@@ -29,15 +29,14 @@ import json
 import logging
 import os
 import shlex
-import signal
 import subprocess
-import sys
 import threading
 import time
 from typing import Any
 
 from ipyparallel.cluster import launcher as ipp_launcher
-from traitlets import Unicode
+
+from .. import procs
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +169,7 @@ class HostSession:
         except subprocess.TimeoutExpired:
             log.warning("ddplab: the ssh session to %s did not end in %g s; ending it", self.host,
                         timeout)
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            procs.end_tree(self.proc, grace=0)
             self.proc.wait(5)
         for t in self._readers:
             t.join(1)
@@ -180,9 +179,8 @@ class HostSession:
 
 class SSHEngineSetLauncher(ipp_launcher.SSHEngineSetLauncher):
     """ipyparallel's SSH engine launcher, configured as it is (``engines={host: n}``, ``ssh_cmd``,
-    ``remote_python``), that starts every host's engines at once through one ssh session each."""
-
-    remote_python = Unicode(sys.executable, config=True, help="Python on the hosts")
+    ``remote_python``: ``hostlaunch`` sets it), that starts every host's engines at once through
+    one ssh session each."""
     file_timeout = 60.0
 
     def __init__(self, **kwargs: Any) -> None:
