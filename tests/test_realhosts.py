@@ -158,7 +158,8 @@ class Path:
         # What the killed ranks could not remove went with their host's or lab's directory.
         assert [d for d in lost_dirs if os.path.exists(d)] == []
 
-    def test_stop_leaves_nothing(self, lab, setup, workdir):
+    def stop_leaves_nothing(self, lab, setup) -> None:
+        """Each path's last test (its own ``test_stop_leaves_nothing``, defined last)."""
         lab_dir, remote, rank_dirs = lab.directory, self.remote_dirs(lab), _rank_dirs(lab)
         pids = list(lab.pids)
         lab.stop()
@@ -224,12 +225,31 @@ class TestSSH(Path):
         for rank in lab.hosts[-1]["ranks"]:
             procs.send(lab.pids[rank], signal.SIGKILL)
 
+    def test_a_dropped_ssh_session_ends_that_hosts_engines(self, lab, setup):
+        """The host's sshd loses our session (its session processes killed): the agent there
+        sees its input end, ends its engines and removes its directory; the lab names the host."""
+        host = lab.hosts[-1]
+        dirs = sorted({os.path.dirname(lab.engines.rank_directory(r)) for r in host["ranks"]})
+        pids = [lab.pids[r] for r in host["ranks"]]
+        sshd = psutil.Process(setup.sshd[-1].pid)
+        for session in sshd.children():
+            procs.send(session, signal.SIGKILL)
+        with pytest.raises(ddplab.EngineDiedError, match=f"lost host {host['address']}"):
+            lab.run(_all_reduce, timeout=30)
+        assert _gone_within(lambda: [p for p in pids if _alive(p)], 10) == []
+        assert _gone_within(lambda: [d for d in dirs if os.path.exists(d)], 10) == []
+        lab.restart()
+        assert len(lab.run(_all_reduce)) == lab.world_size
+
     def nothing_left(self, setup):
         # No process left under either host's sshd (its sessions, the agents, the engines).
         def under_sshd():
             return [p.pid for s in setup.sshd for p in psutil.Process(s.pid).children(recursive=True)
                     if _alive(p.pid)]
         assert _gone_within(under_sshd, 10) == []
+
+    def test_stop_leaves_nothing(self, lab, setup, workdir):
+        self.stop_leaves_nothing(lab, setup)
 
 
 class TestSlurm(Path):
@@ -252,6 +272,9 @@ class TestSlurm(Path):
     def nothing_left(self, setup):
         assert _gone_within(setup.squeue, 10) == []
 
+    def test_stop_leaves_nothing(self, lab, setup, workdir):
+        self.stop_leaves_nothing(lab, setup)
+
 
 class TestMPI(Path):
     world_size = 2
@@ -267,6 +290,9 @@ class TestMPI(Path):
 
     def lose(self, lab, setup):
         procs.send(lab.pids[-1], signal.SIGKILL)             # mpiexec then ends the others
+
+    def test_stop_leaves_nothing(self, lab, setup, workdir):
+        self.stop_leaves_nothing(lab, setup)
 
 
 # ----------------------------------------------------------- starts that cannot work

@@ -121,27 +121,33 @@ class HostSession:
             t.start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            try:
-                m = json.loads(line)
-            except ValueError:
-                continue                 # a login banner or the like
-            if "dir" in m:
-                self.dir, self.pids = m["dir"], m["pids"]
-            elif "exit" in m:
-                self.exits.append(m)
-            elif "stopped" in m:
-                self.stopped = True
+        try:
+            for line in self.proc.stdout:
+                try:
+                    m = json.loads(line)
+                except ValueError:
+                    continue             # a login banner or the like
+                if "dir" in m:
+                    self.dir, self.pids = m["dir"], m["pids"]
+                elif "exit" in m:
+                    self.exits.append(m)
+                elif "stopped" in m:
+                    self.stopped = True
+        except (OSError, ValueError):
+            log.debug("reading the ssh session to %s ended", self.host, exc_info=True)
 
     def _read_err(self) -> None:
-        for line in self.proc.stderr:
-            self.stderr += line.decode("utf-8", "replace")
+        try:
+            for line in self.proc.stderr:
+                self.stderr += line.decode("utf-8", "replace")
+        except (OSError, ValueError):
+            log.debug("reading ssh's stderr for %s ended", self.host, exc_info=True)
 
     def send(self, config: dict) -> None:
         try:
             self.proc.stdin.write((json.dumps(config) + "\n").encode())
             self.proc.stdin.flush()
-        except OSError:
+        except (OSError, ValueError):
             pass                         # ssh is gone already: failure() says why
 
     def failure(self) -> str | None:
