@@ -386,3 +386,43 @@ def test_a_killed_kernel_leaves_nothing(kind, request, tmp_path):
     if kind == "slurm":
         assert _gone_within(cluster.squeue, 20) == []
     assert os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------- the kernel exits
+EXITING = textwrap.dedent("""
+    import json, sys
+    import ddplab
+    ssh, bare = json.loads(sys.argv[1]), sys.argv[2]
+    remote = []
+    for args in (ssh, {"engines": "slurm"}):
+        lab = ddplab.start(world_size=2, backend="gloo", timeout=30, **args)
+        remote += [lab.engines.rank_directory(r) for r in range(2)]
+        lab.restart()
+        remote += [lab.engines.rank_directory(r) for r in range(2)]
+        lab.stop()
+    for args in (ssh, {"engines": "slurm"}):
+        try:
+            ddplab.start(world_size=2, backend="gloo", timeout=30, remote_python=bare, **args)
+        except ddplab.DdplabError:
+            pass
+    print(json.dumps(remote), flush=True)
+""")
+
+
+def test_an_exiting_kernel_leaves_nothing_after_stop_restart_and_failed_starts(ssh_hosts, slurm,
+                                                                               tmp_path):
+    """ipyparallel once re-created the lab's directory at exit, its key in a 0644 file."""
+    here = tmp_path / "tmp"
+    here.mkdir()
+    env = dict(os.environ, TMPDIR=str(here), DDPLAB_LOG_DIR=str(tmp_path / "logs"))
+    ssh = {"hosts": ssh_hosts.aliases[:1], "ssh_cmd": ssh_hosts.ssh_cmd}
+    out = subprocess.run([sys.executable, "-c", EXITING, json.dumps(ssh), BARE_PYTHON], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    remote = json.loads(out.stdout.strip().splitlines()[-1])
+    assert os.listdir(here) == [], "left in the kernel's TMPDIR"
+    assert [d for d in remote if os.path.exists(d)] == []
+    assert [d for d in {os.path.dirname(d) for d in remote} if os.path.exists(d)] == []
+    assert sorted(os.listdir(tmp_path)) == ["logs", "tmp"]          # no batch file here
+    assert len(os.listdir(tmp_path / "logs")) == 2                  # one per failed start
+    assert slurm.squeue() == []
