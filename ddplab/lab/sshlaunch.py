@@ -105,7 +105,9 @@ class HostSession:
     def __init__(self, host: str, n: int, ssh_cmd: list[str], remote_python: str) -> None:
         self.host, self.n = host, n
         remote = f"{shlex.quote(remote_python)} -u -c {shlex.quote(AGENT)}"
-        self.args = [*ssh_cmd, host, remote]
+        # ipyparallel's spelling of a port, user@host:port, is ssh's -p.
+        destination, _, port = host.partition(":")
+        self.args = [*ssh_cmd, *(["-p", port] if port else []), destination, remote]
         self.dir: str | None = None
         self.pids: list[int] = []
         self.exits: list[dict] = []
