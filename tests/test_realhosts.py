@@ -426,3 +426,37 @@ def test_an_exiting_kernel_leaves_nothing_after_stop_restart_and_failed_starts(s
     assert sorted(os.listdir(tmp_path)) == ["logs", "tmp"]          # no batch file here
     assert len(os.listdir(tmp_path / "logs")) == 2                  # one per failed start
     assert slurm.squeue() == []
+
+
+# ----------------------------------------------------------- attach
+def test_attach_to_a_slurm_cluster_you_started_leaves_it_running(slurm, tmp_path):
+    """``ipcluster start --engines=slurm`` as the README shows, then ``ddplab.attach``."""
+    import ipyparallel as ipp
+    profile = str(tmp_path / "profile")
+    ipcluster = subprocess.Popen(
+        [sys.executable, "-m", "ipyparallel.cluster", "start", "--engines=slurm", "--n=2",
+         f"--profile-dir={profile}", "--cluster-id=mine", "--ip=127.0.0.1"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # As a user would: once ipcluster is up (its connection file written), attach.
+        ready = _gone_within(lambda: [] if os.path.exists(
+            f"{profile}/security/ipcontroller-mine-client.json") else ["not yet"], 60)
+        assert not ready, "ipcluster wrote no connection file in 60 s"
+        lab = ddplab.attach(profile_dir=profile, cluster_id="mine", world_size=2, backend="gloo",
+                            timeout=60)
+        try:
+            assert len(lab.run(_all_reduce)) == 2
+        finally:
+            lab.stop()
+        assert len(slurm.squeue()) == 1, "attach stopped a job it did not start"
+        client = ipp.Client(profile_dir=profile, cluster_id="mine")
+        assert len(client.ids) == 2                    # your engines stay yours
+        client.close()
+    finally:
+        procs.send(ipcluster, signal.SIGINT)          # Ctrl-C: ipcluster stops its cluster
+        try:
+            ipcluster.wait(30)
+        finally:
+            procs.end_tree(ipcluster, grace=5)
+            ipcluster.wait(10)
+    assert _gone_within(slurm.squeue, 20) == []
