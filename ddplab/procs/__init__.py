@@ -20,8 +20,7 @@ calls ``Popen`` or signals a process.
 from __future__ import annotations
 
 from .group import Exit, Group, Results, run
-from .tree import (END_GRACE_S, KILL_WAIT_S, Member, Tree, alive, descendants, end_tree,
-                   process, send, start)
+from .tree import END_GRACE_S, KILL_WAIT_S, Member, Tree, alive, descendants, end_tree, process, send, start
 
 __all__ = ["END_GRACE_S", "Exit", "Group", "KILL_WAIT_S", "Member", "Results", "Tree", "alive",
            "descendants", "end_tree", "process", "run", "send", "start"]

@@ -192,7 +192,10 @@ class Group:
         return results
 
     def wait_for_line(self, rank: int, line: str, timeout: float | None = None) -> bool:
-        """Wait until rank ``rank`` has printed ``line`` (a whole line); False if it exited or time ran out."""
+        """Wait until rank ``rank`` has printed ``line`` as a whole line.
+
+        False if it exited without, or ``timeout`` ran out first.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             running = self.processes[rank].poll() is None
