@@ -6,6 +6,7 @@ another waits for it), never through sleeps that hope the other side is ready.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import textwrap
@@ -204,3 +205,14 @@ def test_wait_for_line_sees_a_line_or_the_exit():
 def test_a_bad_output_choice_is_refused():
     with pytest.raises(ValueError, match="output must be one of"):
         procs.Group([["true"]], output="both")
+
+
+def test_each_command_leads_a_session_unless_told_otherwise():
+    # Its own session: the kernel's Ctrl-C is not its. In ours (ddplab grade's
+    # workers): a terminal's Ctrl-C reaches it too.
+    say = python("import os; print(os.getsid(0), os.getpid())")
+    own, ours = procs.run([say], LONG), procs.run([say], LONG, session=False)
+    session, pid = map(int, own[0].output.split())
+    assert session == pid
+    session, pid = map(int, ours[0].output.split())
+    assert session == os.getsid(0) != pid
