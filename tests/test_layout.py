@@ -101,3 +101,18 @@ def test_rank_code_never_imports_the_kernel_side(check_layout, tmp_path):
            "in an engine and never imports the kernel-side ddplab.lab" in found
     assert "ddplab/rank/guard.py:1: imports ddplab.lab:" in found
     assert "lab/cluster.py" not in found and "typed.py" not in found and "procs" not in found
+
+
+def test_nothing_derives_from_lab(check_layout, tmp_path):
+    root = _tree(tmp_path, {
+        "ddplab/__init__.py": "",
+        "ddplab/procs.py": "",
+        "ddplab/lab/__init__.py": "",
+        "ddplab/lab/lab.py": "class Lab:\n    pass\n",
+        "ddplab/lab/multihost.py": "from . import lab\nclass HostLab(lab.Lab):\n    pass\n",
+        "ddplab/lab/local.py": "class LocalRanks:\n    pass\n",     # composed: allowed
+    })
+    found = "\n".join(check_layout.problems(root))
+    assert "ddplab/lab/multihost.py:2: class HostLab(lab.Lab) derives from Lab: compose a lab " \
+           "from a Ranks instead" in found
+    assert "local.py" not in found and "lab/lab.py" not in found, found

@@ -18,6 +18,9 @@
    kernel-side ``ddplab.lab``, not even inside a function.
 5. No import cycle among ddplab's modules, counting imports inside functions
    too (a package's ``__init__`` counts as its own module).
+6. Nothing in ddplab derives from ``Lab``: a lab is composed from a ``Ranks``
+   and a ``Calls`` (``ddplab.lab.lab``), and a new kind of lab is a new
+   ``Ranks``, so no subclass reaches into ``Lab``'s private state.
 
 Imports under ``if TYPE_CHECKING:`` never run, so rules 1, 4 and 5 skip them.
 """
@@ -35,6 +38,7 @@ KILLERS = {("os", "kill"), ("os", "killpg")}
 KILL_METHODS = {"kill", "terminate"}
 STARTER = "Popen"
 RANK_PACKAGE, KERNEL_PACKAGE = f"{PACKAGE}.rank", f"{PACKAGE}.lab"
+COMPOSED = "Lab"     # the class that is composed, never subclassed (rule 6)
 
 
 def within(name: str, package: str) -> bool:
@@ -166,6 +170,18 @@ def popen_uses(path: Path) -> list[tuple[int, str]]:
     return sorted(set(found))
 
 
+def subclasses_of_composed(path: Path) -> list[tuple[int, str]]:
+    """Classes whose bases name ``Lab`` (``Lab``, ``lab.Lab``, ``ddplab.Lab``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                named = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+                if named == COMPOSED:
+                    found.append((node.lineno, f"class {node.name}({ast.unparse(base)})"))
+    return found
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Every strongly connected group of more than one module (Tarjan), as a sorted list."""
     index: dict[str, int] = {}
@@ -209,6 +225,10 @@ def problems(root: Path = ROOT) -> list[str]:
     for module in parsed.values():
         rel = module.path.relative_to(root)
         out += [f"{rel}:{line}: {what}" for line, what in module.private]
+        if within(module.name, PROCESS_MODULE):
+            continue
+        out += [f"{rel}:{line}: {what} derives from {COMPOSED}: compose a lab from a Ranks "
+                f"instead (ddplab.lab.ranks)" for line, what in subclasses_of_composed(module.path)]
         if within(module.name, PROCESS_MODULE):
             continue
         out += [f"{rel}:{line}: {what} outside {PROCESS_MODULE}: run commands with "
