@@ -225,8 +225,6 @@ def problems(root: Path = ROOT) -> list[str]:
     for module in parsed.values():
         rel = module.path.relative_to(root)
         out += [f"{rel}:{line}: {what}" for line, what in module.private]
-        if within(module.name, PROCESS_MODULE):
-            continue
         out += [f"{rel}:{line}: {what} derives from {COMPOSED}: compose a lab from a Ranks "
                 f"instead (ddplab.lab.ranks)" for line, what in subclasses_of_composed(module.path)]
         if within(module.name, PROCESS_MODULE):
