@@ -331,7 +331,7 @@ class LocalRanks:
 
 
 def _reap(launcher: Any) -> None:
-    """Collect the exit status of a process we started ourselves (a ``Popen``), if it is one."""
+    """Collect the exit status of a child process we started ourselves, if it is one."""
     process = getattr(launcher, "process", None)
     if process is None or not hasattr(process, "wait"):
         return

@@ -1,7 +1,7 @@
 """Engines forked from a warm template, through ipyparallel's launcher extension point.
 
 ipyparallel starts each engine with a launcher class; ``LocalEngineSetLauncher``
-runs ``Popen`` per engine, and every engine then imports torch on its own.
+starts a new process per engine, and every engine then imports torch on its own.
 ``ForkedEngineSetLauncher`` is the same launcher with one change: it asks the
 kernel's template process (``ddplab.rank.template``), which imported torch once,
 to fork the engine instead. Everything else (the command line, the environment,
@@ -217,7 +217,7 @@ def ended(pid: int) -> dict:
 
 
 class ForkedEngineLauncher(LocalEngineLauncher):
-    """One engine, forked from the template instead of started with ``Popen``."""
+    """One engine, forked from the template instead of started as a new process."""
 
     def start(self):
         env = os.environ.copy()
