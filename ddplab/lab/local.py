@@ -22,7 +22,7 @@ import time
 from typing import Any, Callable
 
 from .. import procs
-from ..env import choose_backend, free_port, hold_ports, omp_threads, worker_env
+from ..env import choose_backend, free_port, hold_ports, note_rank_memory, omp_threads, worker_env
 from ..errors import EngineDiedError
 from ..rank import engine
 from ..text import plural
@@ -118,6 +118,8 @@ class LocalRanks:
         client.wait_for_engines(n, timeout=cluster.engine_timeout, interactive=False)
         self.engine_set = EngineSet(client, sorted(client.ids)[:n])
         self._join_group(calls)
+        # What a forked rank costs of its own, for the next lab's memory check (ms).
+        note_rank_memory(self._pids)
 
     def _configure_cluster(self) -> Any:
         """An ipyparallel Cluster (not started) set up for a fast, self-cleaning local lab."""
