@@ -26,7 +26,7 @@ from ..env import choose_backend, free_port, hold_ports, note_rank_memory, omp_t
 from ..errors import EngineDiedError
 from ..rank import engine
 from ..text import plural
-from . import diagnose, template
+from . import diagnose, flight, template
 from .ranks import EngineSet, LabSpec, Loss, heartbeat_args
 
 log = logging.getLogger(__name__)
@@ -241,6 +241,11 @@ class LocalRanks:
         frames = self.frames(ranks, deadline)
         return ({rank: diagnose.where(f) for rank, f in frames.items()},
                 {rank: diagnose.format_stack(f) for rank, f in frames.items()})
+
+    def collectives(self, ranks: list[int], deadline: float) -> dict[int, list[dict]]:
+        """Each rank's latest collectives per group, from torch's flight recorder."""
+        return flight.ask({rank: (self._stack_file(rank) + ".fr", self._stack_file(rank) + ".fr.json")
+                           for rank in ranks}, deadline)
 
     def interrupt(self, ranks: list[int]) -> None:
         for rank in ranks:
