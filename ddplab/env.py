@@ -11,6 +11,7 @@ import numbers
 import os
 import socket
 
+from . import limits
 from .errors import ConfigError
 from .text import plural
 
@@ -52,9 +53,10 @@ def omp_threads(local_world_size: int, cpu_count: int | None = None) -> int:
     """OpenMP threads per rank: share the cores instead of oversubscribing them.
 
     torchrun sets 1 for every multi-process job; we give each rank its fair
-    share of the cores, which is never less than 1.
+    share of the CPUs this process may use (``ddplab.limits.cpus``: affinity and
+    the cgroup's quota, not the host's count), which is never less than 1.
     """
-    cpus = cpu_count or os.cpu_count() or 1
+    cpus = cpu_count or limits.cpus()
     return max(1, cpus // max(1, local_world_size))
 
 
@@ -98,31 +100,60 @@ def hold_ports(count: int, host: str = "127.0.0.1") -> list[socket.socket]:
     return held
 
 
-#: Memory one local rank needs: an idle engine forked from the template holds
-#: about 190 MB resident (measured with 4 ranks, gloo, after one all_reduce),
-#: plus room for the small tensors and models of a lesson.
-RANK_MEMORY_BYTES = 250 * 2**20
+#: Memory a local lab needs besides its ranks: the engine template's image of
+#: torch (about 190 MB resident, most of it shared with every rank forked from
+#: it) and the controller's six processes (about 50 MB), with some room.
+LAB_MEMORY_BYTES = 256 * 2**20
+#: Memory one rank needs until a rank of this kernel was measured: a forked rank
+#: holds about 37 MB of its own (USS, torch 2.13 CPU, gloo, after an
+#: all_reduce); twice that leaves room for a lesson's tensors and models.
+RANK_MEMORY_BYTES = 64 * 2**20
+#: A measured rank's own memory is multiplied by this for the estimate (room to work).
+RANK_HEADROOM = 2
 #: Past this many ranks per core they mostly wait for a core, and cells slow down.
 RANKS_PER_CORE = 4
+_measured_rank_bytes = 0
+
+
+def note_rank_memory(pids: list[int]) -> None:
+    """Measure what ranks just started cost of their own (the largest USS), for ``rank_memory``."""
+    global _measured_rank_bytes
+    import psutil
+    try:
+        _measured_rank_bytes = max(psutil.Process(pid).memory_full_info().uss for pid in pids)
+    except (psutil.Error, ValueError):      # gone already, or no pids: keep what we had
+        pass
+
+
+def rank_memory() -> int:
+    """Bytes to budget per rank: a measured rank's own memory with headroom, else the default."""
+    if _measured_rank_bytes:
+        return RANK_HEADROOM * _measured_rank_bytes
+    return RANK_MEMORY_BYTES
 
 
 def check_fits(world_size: int, available: int | None = None, cores: int | None = None) -> str:
-    """Refuse a local lab the machine's memory cannot hold; return a warning past the cores.
+    """Refuse a local lab this process's memory cannot hold; return a warning past the cores.
 
     Returns ``""`` when the lab fits comfortably. ``available`` (bytes) and
-    ``cores`` default to this machine's free memory and CPU count.
+    ``cores`` default to what this process may use (``ddplab.limits``): the
+    machine's free memory or its cgroup's room, the CPUs of its affinity and
+    cgroup quota. A lab needs ``LAB_MEMORY_BYTES`` plus ``rank_memory()`` per rank.
     """
+    source = "this machine's free memory"
     if available is None:
-        import psutil
-        available = psutil.virtual_memory().available
-    cores = cores or os.cpu_count() or 1
-    fits = max(1, available // RANK_MEMORY_BYTES)
+        room = limits.memory()
+        available, source = room.available, room.source
+    cores = cores or limits.cpus()
+    per_rank = rank_memory()
+    fits = max(0, (available - LAB_MEMORY_BYTES) // per_rank)
     if world_size > fits:
+        fix = (f"Use world_size={min(fits, 8)} or fewer (or free memory first)." if fits else
+               "Free memory first, or ask for a larger memory limit.")
         raise ConfigError(
-            f"ddplab: world_size={world_size} does not fit in this machine's free memory: each "
-            f"rank needs about {RANK_MEMORY_BYTES >> 20} MB and {available >> 20} MB are free, "
-            f"enough for {fits} {plural(fits, 'rank')}. Use world_size={min(fits, 8)} "
-            f"or fewer (or free memory first).")
+            f"ddplab: world_size={world_size} does not fit in {source}: a lab needs about "
+            f"{LAB_MEMORY_BYTES >> 20} MB plus {per_rank >> 20} MB per rank, and "
+            f"{available >> 20} MB are free, enough for {fits} {plural(fits, 'rank')}. {fix}")
     if world_size > RANKS_PER_CORE * cores:
         return (f"ddplab: warning: world_size={world_size} on {cores} CPU "
                 f"{plural(cores, 'core')}: the ranks will take turns on the cores and every "

@@ -37,15 +37,20 @@ class HangError(DdplabError):
 
     ``states`` maps each rank to ``"finished"``, ``"failed"`` or
     ``"still running"``, ``where`` maps each stuck rank to a one-line location
-    (for example ``"in send (cell line 3)"``) and ``stacks`` to its Python stack.
+    (for example ``"in send (cell line 3)"``), ``stacks`` to its Python stack and
+    ``collectives`` to the collectives it is in or finished last (flight recorder).
     """
 
     def __init__(self, message: str, states: dict[int, str],
-                 where: dict[int, str] | None = None, stacks: dict[int, str] | None = None):
+                 where: dict[int, str] | None = None, stacks: dict[int, str] | None = None,
+                 collectives: dict[int, list[dict]] | None = None):
         super().__init__(message)
         self.states = dict(sorted(states.items()))
         self.where = dict(where or {})
         self.stacks = dict(stacks or {})
+        #: Per rank, its latest collectives on each group from torch's flight
+        #: recorder (``group``, ``seq``, ``op``, ``sizes``, ``active``), where read.
+        self.collectives = dict(sorted((collectives or {}).items()))
 
 
 class EngineDiedError(DdplabError):
@@ -73,6 +78,10 @@ class CommandError(DdplabError, RuntimeError):
 
 class GradeError(DdplabError, ValueError):
     """The grading cannot start: a reference notebook is missing or unusable."""
+
+
+class CourseError(DdplabError, ValueError):
+    """No course notebooks where they should be, or no exercise of that name."""
 
 
 class ReleaseError(DdplabError, ValueError):

@@ -4,12 +4,12 @@ import psutil
 import pytest
 
 import ddplab
-from ddplab.env import RANK_MEMORY_BYTES, check_fits
+from ddplab.env import LAB_MEMORY_BYTES, check_fits, rank_memory
 
 
 def test_world_size_past_memory_is_refused_before_any_process_starts(monkeypatch):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    free = 24 * RANK_MEMORY_BYTES + 1
+    free = LAB_MEMORY_BYTES + 24 * rank_memory() + 1
 
     class Memory:
         available = free
@@ -17,16 +17,17 @@ def test_world_size_past_memory_is_refused_before_any_process_starts(monkeypatch
     with pytest.raises(ddplab.ConfigError) as info:
         ddplab.start(world_size=64, backend="gloo")
     message = str(info.value)
-    assert "world_size=64 does not fit" in message and "enough for 24 ranks" in message, message
+    assert "world_size=64 does not fit in this machine's free memory" in message, message
+    assert "enough for 24 ranks" in message, message
     assert "Use world_size=8 or fewer" in message
     after = {p.pid for p in psutil.Process().children(recursive=True)}
     assert after <= before
 
 
 def test_this_machine_refuses_world_size_64_or_names_what_fits():
-    # 64 ranks need about 16 GB: refused here unless that much is free right now.
+    # Refused here unless that much is free right now.
     available = psutil.virtual_memory().available
-    if available >= 64 * RANK_MEMORY_BYTES:
+    if available >= LAB_MEMORY_BYTES + 64 * rank_memory():
         assert "take turns" in check_fits(64)
     else:
         with pytest.raises(ddplab.ConfigError, match="does not fit"):
@@ -41,7 +42,7 @@ def test_many_ranks_per_core_warn_and_name_what_runs_well():
 
 @pytest.mark.slow
 def test_a_start_past_the_cores_warns(fresh_lab, monkeypatch, capsys):
-    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    monkeypatch.setattr("ddplab.limits.cpus", lambda: 1)
     lab = ddplab.start(world_size=5, backend="gloo", timeout=60)
     try:
         assert "warning: world_size=5 on 1 CPU core" in capsys.readouterr().out

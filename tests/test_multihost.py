@@ -280,7 +280,8 @@ def test_lost_host_is_named_within_the_timeout(hosts_lab):
             shutil.rmtree(path, ignore_errors=True)
         setup["spawn_engines"](network.names[1])
         lab.restart()
-    assert [p.host for p in lab.placements] == [ip for ip in network.host_ips for _ in range(PER_HOST)]
+    placed = [p.host for p in lab.engines.placements]
+    assert placed == [ip for ip in network.host_ips for _ in range(PER_HOST)]
     assert [who["RANK"] for who in lab.run(_whoami)] == ["0", "1", "2", "3"]
 
 

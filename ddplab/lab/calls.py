@@ -29,7 +29,7 @@ from typing import Any, Callable
 from .. import progress
 from ..errors import DdplabError, EngineDiedError, HangError, RankError
 from ..text import plural
-from . import diagnose, display, live
+from . import diagnose, display, flight, live
 from .ranks import Loss, Ranks
 
 #: After one rank fails, how long the others get to finish before we conclude
@@ -285,12 +285,15 @@ class Calls:
             lines.append(f"  rank {rank}: " + (f"still {where[rank]}" if rank in where else state))
         if any(diagnose.waiting_to_join(w) for w in where.values()):
             lines.append(diagnose.join_hint(self.ranks.world_size))
+        collectives = self.ranks.collectives(list(range(self.ranks.world_size)),
+                                             time.monotonic() + 2)
+        lines += flight.report(collectives)
         for rank, stack in stacks.items():
             if stack:
                 lines.append(f"Stack of rank {rank} (most recent call last):\n{stack}")
         self.broken = "ranks are stuck after a hang."
         lines.append("Stuck ranks cannot be freed from inside. Recover with: lab.restart()")
-        return HangError("\n".join(lines), states, where, stacks)
+        return HangError("\n".join(lines), states, where, stacks, collectives)
 
 
 def _failures(tasks: list[Task]) -> dict[int, str]:

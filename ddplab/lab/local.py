@@ -22,11 +22,11 @@ import time
 from typing import Any, Callable
 
 from .. import procs
-from ..env import choose_backend, free_port, hold_ports, omp_threads, worker_env
+from ..env import choose_backend, free_port, hold_ports, note_rank_memory, omp_threads, worker_env
 from ..errors import EngineDiedError
 from ..rank import engine
 from ..text import plural
-from . import diagnose, template
+from . import diagnose, flight, template
 from .ranks import EngineSet, LabSpec, Loss, heartbeat_args
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,8 @@ class LocalRanks:
         client.wait_for_engines(n, timeout=cluster.engine_timeout, interactive=False)
         self.engine_set = EngineSet(client, sorted(client.ids)[:n])
         self._join_group(calls)
+        # What a forked rank costs of its own, for the next lab's memory check (ms).
+        note_rank_memory(self._pids)
 
     def _configure_cluster(self) -> Any:
         """An ipyparallel Cluster (not started) set up for a fast, self-cleaning local lab."""
@@ -240,6 +242,11 @@ class LocalRanks:
         return ({rank: diagnose.where(f) for rank, f in frames.items()},
                 {rank: diagnose.format_stack(f) for rank, f in frames.items()})
 
+    def collectives(self, ranks: list[int], deadline: float) -> dict[int, list[dict]]:
+        """Each rank's latest collectives per group, from torch's flight recorder."""
+        return flight.ask({rank: (self._stack_file(rank) + ".fr", self._stack_file(rank) + ".fr.json")
+                           for rank in ranks}, deadline)
+
     def interrupt(self, ranks: list[int]) -> None:
         for rank in ranks:
             procs.send(self._handles[rank], signal.SIGINT)
@@ -331,7 +338,7 @@ class LocalRanks:
 
 
 def _reap(launcher: Any) -> None:
-    """Collect the exit status of a process we started ourselves (a ``Popen``), if it is one."""
+    """Collect the exit status of a child process we started ourselves, if it is one."""
     process = getattr(launcher, "process", None)
     if process is None or not hasattr(process, "wait"):
         return

@@ -260,6 +260,9 @@ class HostRanks:
                  f"read from here)" for rank in ranks}
         return where, {}
 
+    def collectives(self, ranks: list[int], deadline: float) -> dict[int, list[dict]]:
+        return {}                   # the recorder's answer lives on the other host
+
     def interrupt(self, ranks: list[int]) -> None:
         # Through the engines' nanny: our signals do not reach other hosts.
         ids = [self._engine_ids()[r] for r in ranks]

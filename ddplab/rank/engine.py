@@ -25,7 +25,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from . import output
+from . import flight, output
 from .where import CELL_FILENAME  # "<rank cell 3>": ``where`` owns the spelling
 
 _SITE_PACKAGES = re.compile(r'[^"\s]*?site-packages/')
@@ -90,6 +90,10 @@ def _watch_stack(stack_file: str, kernel_path: list[str]) -> None:
     stack = open(stack_file, "w")
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
     _state["stack_file"] = stack
+    # Which collective this rank is in, for a hang report: torch's flight
+    # recorder for the groups made from now on, read on the kernel's request.
+    flight.enable()
+    flight.serve(stack_file + ".fr", stack_file + ".fr.json")
     _state["in_lab"] = True          # what in_lab() reports, on one host or several
     # From now on what the rank writes to fd 1 and 2 (subprocesses, os.write,
     # gloo's C++ warnings) is shown with its prints, not lost in a log file.

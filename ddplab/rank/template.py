@@ -113,7 +113,7 @@ def _status(pid: int, patience: float = 2.0) -> dict:
 def _become(request: dict) -> None:
     """In the forked child: turn into the process ``argv`` describes. Never returns."""
     try:
-        os.setsid()                        # its own session, like Popen(start_new_session=True)
+        os.setsid()                        # its own session, as procs.start gives a command
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)

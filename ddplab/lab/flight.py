@@ -1,0 +1,115 @@
+"""Which collective each rank is in, and whether the ranks disagree: for ``HangError``.
+
+Each local rank answers through ``ddplab.rank.flight`` (torch's flight
+recorder, read by a thread of the rank even while its main thread is stuck).
+From those summaries this module writes, per rank, the collective it is in or
+finished last on each group (``collective #3`` counts from 1 the collectives
+issued on that group), and one plain verdict:
+
+- the same collective number with different ops or sizes: a mismatch, not a
+  slow rank (``ranks disagree at collective #3: all_gather on rank 0,
+  all_reduce on rank 1``);
+- a rank waiting in collective #N that another rank never reached: that rank
+  called fewer collectives (one skipped behind an ``if rank == ...``, or a
+  loop with fewer steps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+
+from ..text import plural
+
+
+def ask(requests: dict[int, tuple[str, str]], deadline: float) -> dict[int, list[dict]]:
+    """Ask each rank (its FIFO and answer file) for its recorder summary; those that answered."""
+    asked = {}
+    for rank, (fifo, answer) in requests.items():
+        with contextlib.suppress(OSError):
+            os.remove(answer)
+        try:
+            # Non-blocking: a rank whose thread is not listening (a dead or bare
+            # engine) makes this fail at once (ENXIO) instead of hanging the kernel.
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            os.write(fd, b"?")
+        finally:
+            os.close(fd)
+        asked[rank] = answer
+    answers: dict[int, list[dict]] = {}
+    while asked and time.monotonic() < deadline:
+        for rank, answer in list(asked.items()):
+            try:
+                with open(answer) as f:
+                    answers[rank] = json.load(f)
+                del asked[rank]
+            except (OSError, ValueError):
+                pass              # not written yet (it is renamed into place when complete)
+        if asked:
+            time.sleep(0.02)
+    return answers
+
+
+def _describe(record: dict) -> str:
+    sizes = record["sizes"][0] if len(record["sizes"]) == 1 else record["sizes"]
+    return f"collective #{record['seq']} {record['op']} {sizes}"
+
+
+def _latest(records: list[dict]) -> dict[str, dict]:
+    """Per group, the record that says where the rank is: the active one, else the last."""
+    out: dict[str, dict] = {}
+    for record in records:
+        current = out.get(record["group"])
+        if current is None or record["seq"] >= current["seq"]:
+            out[record["group"]] = record
+    return out
+
+
+def report(answers: dict[int, list[dict]]) -> list[str]:
+    """Lines for ``HangError``: each rank's collectives, then the verdict (if there is one)."""
+    latest = {rank: _latest(records) for rank, records in sorted(answers.items())}
+    groups = sorted({group for per_rank in latest.values() for group in per_rank})
+    if not any(r["active"] for per_rank in latest.values() for r in per_rank.values()):
+        return []             # nobody waits in a collective (a send/recv deadlock, a join)
+    lines = ["Collectives, from torch's flight recorder (#N counts the collectives issued on "
+             "a group, from 1):"]
+    for rank, per_group in latest.items():
+        parts = [("in " if r["active"] else "finished ") + _describe(r) + f" on {group}"
+                 for group, r in sorted(per_group.items())]
+        lines.append(f"  rank {rank}: " + ("; ".join(parts) or "no collective yet"))
+    verdicts = [v for group in groups if (v := _verdict(group, latest))]
+    return lines + verdicts[:1]
+
+
+def _verdict(group: str, latest: dict[int, dict[str, dict]]) -> str:
+    on = {rank: per[group] for rank, per in latest.items() if group in per}
+    if group == "the default group":     # every rank is in it: one with no record issued none
+        on.update({rank: {"seq": 0, "active": False, "op": "", "sizes": []}
+                   for rank in latest if rank not in on})
+    waiting = {rank: r for rank, r in on.items() if r["active"]}
+    if not waiting:
+        return ""
+    seq = max(r["seq"] for r in waiting.values())
+    at_seq = {rank: r for rank, r in on.items() if r["seq"] == seq}
+    kinds = {(r["op"], json.dumps(r["sizes"])) for r in at_seq.values()}
+    if len(kinds) > 1:
+        calls = ", ".join(f"{r['op']} {r['sizes'][0] if len(r['sizes']) == 1 else r['sizes']} "
+                          f"on rank {rank}" for rank, r in sorted(at_seq.items()))
+        return (f"ddplab: the ranks disagree at collective #{seq} on {group}: {calls}: a "
+                f"mismatch, not a slow rank. Every rank must call the same collectives in "
+                f"the same order, with tensors of the same shape.")
+    behind = sorted(rank for rank, r in on.items() if r["seq"] < seq)
+    if behind:
+        op = next(iter(at_seq.values()))["op"]
+        ahead = sorted(waiting)
+        return (f"ddplab: {plural(len(ahead), 'rank')} {', '.join(map(str, ahead))} "
+                f"{'waits' if len(ahead) == 1 else 'wait'} in collective #{seq} ({op}) on "
+                f"{group}, which {plural(len(behind), 'rank')} {', '.join(map(str, behind))} "
+                f"never reached: {'it' if len(behind) == 1 else 'they'} issued fewer "
+                f"collectives (one skipped behind an `if rank == ...`, or fewer loop steps).")
+    return ""

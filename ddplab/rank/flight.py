@@ -1,0 +1,85 @@
+"""What collectives this rank issued, from torch's flight recorder, even while it is stuck.
+
+torch records each collective of every process group in a ring buffer (the
+"flight recorder") once ``TORCH_FR_BUFFER_SIZE`` is set before a group is
+made; on gloo as on nccl. Each record has the group, the collective's number on
+that group (``collective_seq_id``, counted from 1), its op, its sizes, and
+whether it finished (``retired``). Two ranks in collective #3 of one group
+that recorded different ops or sizes disagree: a mismatch, not a slow rank.
+
+A stuck rank's main thread is inside C++, so no Python code of the kernel's
+can run there. ``serve`` starts a thread that sleeps on a named pipe (a FIFO in
+the lab's private directory): when the kernel writes to it, the thread reads
+the recorder (torch's collectives release the GIL while they wait) and writes
+a summary next to it. Costs nothing while nobody asks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+
+log = logging.getLogger(__name__)
+
+#: Records kept per rank: enough for the last collectives of every group in a lesson.
+BUFFER_SIZE = "2000"
+#: How many of a group's latest records a summary keeps.
+_KEEP_PER_GROUP = 2
+_serving: set[str] = set()      # FIFOs a thread of this process already answers
+
+
+def enable() -> None:
+    """Turn the recorder on for groups made from now on (unless the user set a size)."""
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", BUFFER_SIZE)
+
+
+def summary() -> list[dict]:
+    """The latest collectives of each group: group, seq, op, sizes, active (not finished)."""
+    import torch
+    try:
+        dump = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(True, False))
+    except Exception:                 # no recorder (an older torch, or never enabled)
+        log.debug("no flight recorder dump", exc_info=True)
+        return []
+    latest: dict[str, list[dict]] = {}
+    for entry in dump.get("entries", []):
+        if entry.get("is_p2p"):
+            continue                  # sends and recvs have their own count; collectives here
+        group = entry.get("process_group", [str(entry.get("pg_id", "?"))])
+        name = "the default group" if group[-1] == "default_pg" else f"group {group[0]}"
+        latest.setdefault(name, []).append({
+            "group": name, "seq": int(entry.get("collective_seq_id", 0)),
+            "op": str(entry.get("profiling_name", "?")).split(":")[-1],
+            "sizes": entry.get("input_sizes", []), "active": not entry.get("retired", True)})
+    return [record for records in latest.values() for record in records[-_KEEP_PER_GROUP:]]
+
+
+def serve(request_path: str, answer_path: str) -> None:
+    """Answer the kernel's requests on the FIFO ``request_path`` with ``summary()`` as JSON."""
+    if request_path in _serving:
+        return
+    _serving.add(request_path)
+    try:
+        os.mkfifo(request_path, 0o600)
+    except FileExistsError:
+        pass
+    except OSError:
+        log.debug("no FIFO for flight recorder requests", exc_info=True)
+        return
+
+    def answer_requests() -> None:
+        while True:
+            try:
+                with open(request_path, "rb") as request:   # sleeps until the kernel writes
+                    request.read()
+                partial = answer_path + ".partial"
+                with open(partial, "w") as out:
+                    json.dump(summary(), out)
+                os.replace(partial, answer_path)            # the kernel never reads half of it
+            except OSError:
+                log.debug("flight recorder requests end", exc_info=True)
+                return
+
+    threading.Thread(target=answer_requests, name="ddplab-flight", daemon=True).start()
