@@ -113,8 +113,8 @@ class HostSession:
         self.exits: list[dict] = []
         self.stopped = False
         self.stderr = ""
-        self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.proc = procs.start(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
         self._readers = [threading.Thread(target=self._read, daemon=True,
                                           name=f"ddplab-ssh-{host}"),
                          threading.Thread(target=self._read_err, daemon=True,
