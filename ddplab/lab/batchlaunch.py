@@ -9,6 +9,9 @@ mpi4py), nothing tells the kernel, which waited out its timeout. Here:
   ``--allow-run-as-root`` when run as root, each named in the error;
 - ``failure(launcher)`` says, while the kernel waits for engines, whether the
   job or mpiexec already ended (``squeue``, the process), with its output;
+- ``watch_parent``: mpiexec runs under ``python -m ddplab.lab.batchlaunch
+  KERNEL_PID mpiexec ...``, which ends it (and so its ranks) within a second
+  once the kernel is gone, even killed;
 - ``SlurmEngineSetLauncher`` writes the batch file into the lab's own directory (not
   the working directory), runs ``srun --kill-on-bad-exit=1`` so one failed
   rank ends the job, and ``stop_job`` waits until Slurm has ended it.
@@ -19,7 +22,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -166,5 +171,29 @@ def check_mpi(remote_python: str, config: dict | None) -> None:
                           "config={'MPIEngineSetLauncher': {'mpi_args': ['--allow-run-as-root']}}.")
 
 
+def watched(mpi_cmd: list[str]) -> list[str]:
+    """``mpi_cmd`` run under this kernel's watch (see ``watch_parent``)."""
+    return [sys.executable, "-m", "ddplab.lab.batchlaunch", str(os.getpid()), *mpi_cmd]
+
+
+def watch_parent(parent: int, command: list[str]) -> int:
+    """Run ``command``; end its tree when ``parent`` is gone (or on SIGTERM/SIGINT); its exit code."""
+    from .. import procs
+    child = procs.start(command, session=False)
+    ending = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ending.append(True))
+    while child.poll() is None:
+        if ending or os.getppid() != parent:
+            procs.end_tree(child, grace=2)
+            break
+        time.sleep(0.2)
+    return child.wait()
+
+
 __all__ = ["MPIEngineSetLauncher", "SlurmEngineSetLauncher", "check_mpi", "failure", "stop_job",
-           "stop_mpiexec", "waiting_on"]
+           "stop_mpiexec", "waiting_on", "watch_parent", "watched"]
+
+
+if __name__ == "__main__":
+    sys.exit(watch_parent(int(sys.argv[1]), sys.argv[2:]))

@@ -177,6 +177,10 @@ class Launch:
             c.SlurmEngineSetLauncher.batch_file_name = os.path.join(profile_dir, "slurm_engine.sbatch")
         for section, values in (self.config or {}).items():
             c[section].update(values)
+        if self.engines == "mpi":
+            # mpiexec ends, and its ranks with it, when the kernel dies.
+            c.MPIEngineSetLauncher.mpi_cmd = batchlaunch.watched(
+                list(c.MPIEngineSetLauncher.get("mpi_cmd", ["mpiexec"])))
         return cluster
 
     @property
