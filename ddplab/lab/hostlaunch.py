@@ -23,9 +23,9 @@ engines, waits until they registered and returns a connected ``Client``;
   removes the hosts' directories and the batch file; ipyparallel writes no
   cluster file and has no exit handler of its own to re-create the lab's
   directory. If the kernel dies, the controller's guard ends it, the SSH
-  agents end their engines when their ssh session closes, and Slurm and MPI
-  engines stop after missing the controller's heartbeat for ``ENGINE_MISSES``
-  checks (about 6 s), which ends their job.
+  agents end their engines when their ssh session closes, mpiexec's watcher
+  ends it, and Slurm engines stop after missing the controller's heartbeat
+  for ``ENGINE_MISSES`` checks (about 6 s), which ends their job.
 """
 
 from __future__ import annotations
