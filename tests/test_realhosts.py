@@ -341,6 +341,13 @@ def _kept_path(message: str) -> str:
     return message.rsplit("(kept in ", 1)[1].split(")", 1)[0]
 
 
+def test_a_refused_sbatch_says_what_sbatch_said(slurm, tmp_path, monkeypatch):
+    message = _fails_fast(tmp_path, monkeypatch, engines="slurm",
+                          config={"SlurmEngineSetLauncher": {"queue": "no-such-partition"}})
+    assert "sbatch" in message and "invalid partition" in message.lower(), message
+    assert "invalid partition" in _kept(message).lower()
+
+
 def test_mpi_needs_are_named_before_anything_starts():
     from realhosts import need_root
     need_root("mpiexec")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -31,7 +32,7 @@ import psutil
 from ipyparallel.cluster import launcher as ipp_launcher
 from ipyparallel.cluster.launcher import MPIEngineSetLauncher
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DdplabError
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,15 @@ class SlurmEngineSetLauncher(ipp_launcher.SlurmEngineSetLauncher):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.default_template = _TEMPLATE      # what a batch_template you set replaces
+
+    def _run_command(self, command: list[str], **kwargs) -> str:
+        """sbatch / scancel; when one fails, what it said is the error (ipyparallel drops it)."""
+        out = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                             timeout=60, **kwargs)
+        if out.returncode:
+            raise DdplabError(f"ddplab: `{shlex.join(command)}` failed with exit code "
+                              f"{out.returncode}: {(out.stderr + out.stdout).strip()}")
+        return out.stdout
 
 
 def read(path: str, limit: int = 6000) -> str:

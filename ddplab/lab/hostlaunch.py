@@ -198,7 +198,13 @@ class Launch:
         self.cluster = cluster = self.configure(profile_dir, spec)
         n, client = spec.world_size, None
         try:
-            cluster.start_cluster_sync(n=n)
+            try:
+                cluster.start_cluster_sync(n=n)
+            except DdplabError as e:
+                path = keep_log(self.engines, f"{e}\n")
+                raise DdplabError(f"{e}\n(kept in {path}). Fix that and start again.") from e
+            except Exception as e:
+                raise DdplabError(f"ddplab: starting the {self.engines} engines failed: {e}") from e
             client = cluster.connect_client_sync()
             self._wait_for_engines(client, n, max(spec.timeout, 60))
         except BaseException:
