@@ -402,12 +402,11 @@ EXITING = textwrap.dedent("""
     import ddplab
     ssh, bare = json.loads(sys.argv[1]), sys.argv[2]
     remote = []
-    for args in (ssh, {"engines": "slurm"}):
-        lab = ddplab.start(world_size=2, backend="gloo", timeout=30, **args)
-        remote += [lab.engines.rank_directory(r) for r in range(2)]
-        lab.restart()
-        remote += [lab.engines.rank_directory(r) for r in range(2)]
-        lab.stop()
+    lab = ddplab.start(world_size=2, backend="gloo", timeout=30, **ssh)
+    remote += [lab.engines.rank_directory(r) for r in range(2)]
+    lab.restart()
+    remote += [lab.engines.rank_directory(r) for r in range(2)]
+    lab.stop()
     for args in (ssh, {"engines": "slurm"}):
         try:
             ddplab.start(world_size=2, backend="gloo", timeout=30, remote_python=bare, **args)
@@ -419,7 +418,8 @@ EXITING = textwrap.dedent("""
 
 def test_an_exiting_kernel_leaves_nothing_after_stop_restart_and_failed_starts(ssh_hosts, slurm,
                                                                                tmp_path):
-    """ipyparallel once re-created the lab's directory at exit, its key in a 0644 file."""
+    """ipyparallel once re-created the lab's directory at exit, its key in a 0644 file: after an
+    SSH lab's restart and stop, and failed SSH and Slurm starts, the kernel exits."""
     here = tmp_path / "tmp"
     here.mkdir()
     env = dict(os.environ, TMPDIR=str(here), DDPLAB_LOG_DIR=str(tmp_path / "logs"))
