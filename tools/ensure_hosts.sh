@@ -46,7 +46,7 @@ fi
 if [ -x "$PYTHON" ] && ! "$PYTHON" -c "import mpi4py" 2>/dev/null; then
     if command -v mpicc >/dev/null; then
         say "mpi4py is missing from $PYTHON: installing it with pip (builds against Open MPI)."
-        "$PYTHON" -m pip install --quiet mpi4py || say "pip install mpi4py failed (see above)."
+        "$PYTHON" -m pip install --quiet -c "$(dirname "$0")/../constraints.txt" mpi4py || say "pip install mpi4py failed (see above)."
     else
         say "mpi4py is missing from $PYTHON, and Open MPI's mpicc too: install libopenmpi-dev first."
     fi
