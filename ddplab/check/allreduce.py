@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..text import plural
-from ._core import deadlock, lab_or_current, passed, run_on_ranks
+from ._core import deadlock, forbidding, lab_or_current, passed, run_on_ranks, run_student_code
 
 __all__ = [
     "naive_all_reduce",
@@ -39,6 +39,13 @@ LENGTHS = (1, 6, 13, 1000, 4099)
 DTYPES = ("float32", "float64", "int64", "int32")
 SEEDS = (0, 1)
 _SHOWN = 6                        # wrong elements listed per rank
+#: Seconds one case may take before the ranks are reported as deadlocked (a case takes well under 1 s).
+DEADLOCK_TIMEOUT = 15.0
+DEADLOCK_HINT = ("a rank that sends with the blocking dist.send while the rank it sends to is "
+                 "itself in dist.send (every rank sending first, around a ring or to each other) "
+                 "waits forever: gloo's send returns only once the receive is posted. Send with "
+                 "dist.isend, receive with dist.recv, then wait() on the isend's request. Also "
+                 "check that every send has a matching recv on the rank it names (src/dst).")
 
 
 def cases(lengths=LENGTHS, dtypes=DTYPES, seeds=SEEDS) -> list[tuple[tuple[int, ...], str, int]]:
@@ -57,34 +64,6 @@ def _make(shape: tuple[int, ...], dtype: str, seed: int, rank: int):
     if kind.is_floating_point:
         return torch.randn(shape, generator=generator).to(kind)
     return torch.randint(-100, 100, shape, generator=generator).to(kind)
-
-
-def _forbidding(names: tuple[str, ...], exercise: str):
-    """A context manager that makes ``dist.<name>`` raise, for the student's call only."""
-    import contextlib
-
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    @contextlib.contextmanager
-    def forbid():
-        saved = {}
-        for name in names:
-            for module in (dist, c10d):
-                if hasattr(module, name):
-                    saved[(module, name)] = getattr(module, name)
-
-                    def refuse(*args, _name=name, **kwargs):
-                        raise AssertionError(
-                            f"{exercise} builds all_reduce from send/recv, so it may not call "
-                            f"dist.{_name}. Use dist.send/dist.recv (or isend/irecv) only.")
-                    setattr(module, name, refuse)
-        try:
-            yield
-        finally:
-            for (module, name), value in saved.items():
-                setattr(module, name, value)
-    return forbid()
 
 
 def _wrong_elements(expected, got, atol: float) -> tuple[int, list[tuple[int, Any, Any]]]:
@@ -188,6 +167,62 @@ def _as_world(world: int | None, strays: list[str]):
     return pretend()
 
 
+#: ddplab's own all_reduces (``ddplab.algorithms``): the reference solutions an answer may not call.
+_REFERENCES = ("naive_all_reduce", "naive_all_reduce_collectives", "recursive_doubling_all_reduce",
+               "ring_all_reduce", "tree_all_reduce")
+#: The calls a reference all_reduce in ``ddplab.algorithms`` makes: one of them shows it running.
+_REFERENCE_CALLS = ("send", "recv", "isend", "irecv", "reduce", "broadcast")
+
+
+def _refusing_reference(exercise: str):
+    """A context manager: a call from inside ``ddplab.algorithms``' own all_reduces raises.
+
+    An answer that calls the shipped reference (``ddplab.algorithms.ring_all_reduce``,
+    under any name it was imported as) sums correctly without building anything.
+    Each send, recv, reduce or broadcast looks up the call stack for a frame of
+    a reference function's code; a copy of that code (a student's own) is not it.
+    """
+    import contextlib
+    import sys
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from ddplab import algorithms
+
+    references = {getattr(algorithms, name).__code__: name for name in _REFERENCES}
+
+    def refusing(name, real):
+        def call(*args, **kwargs):
+            frame = sys._getframe(1)
+            while frame is not None:
+                if frame.f_code in references:
+                    raise AssertionError(
+                        f"{exercise} calls ddplab.algorithms.{references[frame.f_code]}, the "
+                        f"reference solution that ships with ddplab, so it builds nothing itself. "
+                        f"Write the sends and receives yourself.")
+                frame = frame.f_back
+            return real(*args, **kwargs)
+        return call
+
+    @contextlib.contextmanager
+    def refuse():
+        undo = _swap_peer_calls(lambda name, keyword, real: refusing(name, real))
+        saved = {(module, name): getattr(module, name) for module in (dist, c10d)
+                 for name in ("reduce", "broadcast")}
+        for name in ("reduce", "broadcast"):
+            replacement = refusing(name, saved[(dist, name)])
+            for module in (dist, c10d):
+                setattr(module, name, replacement)
+        try:
+            yield
+        finally:
+            for (module, name), value in saved.items():
+                setattr(module, name, value)
+            undo()
+    return refuse()
+
+
 def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exercise: str,
                world: int | None = None) -> list[dict]:
     """On a rank: each case's verdict for this rank. Every rank runs every case, so none is left waiting.
@@ -210,7 +245,8 @@ def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exerci
         got = data.clone()
         strays: list[str] = []
         try:
-            with _forbidding(forbidden, exercise), _as_world(world, strays):
+            with forbidding(forbidden, exercise), _refusing_reference(exercise), \
+                    _as_world(world, strays):
                 returned = fn(got)
         except Exception as error:
             raise RuntimeError(f"{exercise} raised on the case shape={list(shape)}, dtype={dtype}, "
@@ -281,7 +317,13 @@ def check_all_reduce(fn: Callable, exercise: str, forbidden: tuple[str, ...] = C
         raise AssertionError(f"{exercise} needs your function, e.g. ddplab.check.{exercise}"
                              f"(my_{exercise}), but got {fn!r}.")
     case_list = cases() if case_list is None else case_list
-    by_rank = run_on_ranks(_run_cases, fn, case_list, forbidden, exercise, lab=lab)
+    by_rank = [[] for _ in range(lab_or_current(lab).world_size)]
+    for case in case_list:           # one call per case: a deadlock shows within DEADLOCK_TIMEOUT
+        got = run_student_code(f"{exercise}(tensor) on shape={list(case[0])}, dtype={case[1]}",
+                               _run_cases, fn, [case], forbidden, exercise, lab=lab,
+                               timeout=DEADLOCK_TIMEOUT, hint=DEADLOCK_HINT)
+        for verdicts, more in zip(by_rank, got):
+            verdicts.extend(more)
     _report(exercise, by_rank, hint or "run it on a small tensor and print what each rank "
             "sends and receives.")
     if quiet:
@@ -371,7 +413,7 @@ def _message_log(fn: Callable) -> list[tuple[str, int]]:
 
     undo = _swap_peer_calls(logged)
     try:
-        with _forbidding(COLLECTIVES, "tree_all_reduce"):
+        with forbidding(COLLECTIVES, "tree_all_reduce"):
             fn(_make((6,), "float32", 0, dist.get_rank()))
     finally:
         undo()
