@@ -141,6 +141,27 @@ def test_p2p_deadlocks_are_reported_within_15_s_by_default():
     assert inspect.signature(p2p.swap_tensors).parameters["timeout"].default <= 15
 
 
+def swap_into_a_float_buffer(t):
+    other = 1 - dist.get_rank()
+    received = torch.zeros(t.shape)              # float32, whatever t's dtype
+    requests = [dist.isend(t, dst=other), dist.irecv(received, src=other)]
+    for request in requests:
+        request.wait()
+    return received
+
+
+def test_a_float_buffer_for_an_int_tensor_is_named_as_a_dtype_mismatch(fresh_lab):
+    message = _fails(p2p.swap_tensors, swap_into_a_float_buffer,
+                     match=r"a dtype or size mismatch: dist\.irecv receives into a tensor of "
+                           r"float32, 6 element\(s\), but in this trial every rank's input is "
+                           r"float64, 6 element\(s\)")
+    assert "torch.empty_like(t)" in message and "lab.restart()" in message
+    assert "collective" not in message        # not gloo's abort, which blames "a collective"
+    assert not fresh_lab.broken_reason        # refused before gloo saw it: no rank crashed
+    fresh_lab.restart()                       # the isend already posted was never received
+    p2p.swap_tensors(swap_right)
+
+
 def test_swap_tensors_needs_two_ranks(fresh_lab4):
     _fails(p2p.swap_tensors, swap_right, match=r"2 ranks.*world_size=4")
 

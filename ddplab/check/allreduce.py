@@ -20,7 +20,16 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..text import plural
-from ._core import deadlock, forbidding, lab_or_current, passed, run_on_ranks, run_student_code
+from ._core import (
+    deadlock,
+    forbidding,
+    lab_or_current,
+    passed,
+    peer,
+    run_on_ranks,
+    run_student_code,
+    swap_peer_calls,
+)
 
 __all__ = [
     "naive_all_reduce",
@@ -79,50 +88,6 @@ def _wrong_elements(expected, got, atol: float) -> tuple[int, list[tuple[int, An
     return len(where), [(int(i), e[i].item(), g[i].item()) for i in where[:_SHOWN]]
 
 
-#: The point-to-point calls the checkers watch, and the keyword naming the other rank.
-_PEER_KEYWORD = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
-
-
-def _peer(args: tuple, kwargs: dict, keyword: str) -> Any:
-    """The other rank of a send or recv call, as a global rank.
-
-    ``dst=``/``src=`` or the second argument; or ``group_dst=``/``group_src=``,
-    a rank within ``group=``, which is how ``batch_isend_irecv`` calls each op.
-    """
-    if keyword in kwargs:
-        return kwargs[keyword]
-    if len(args) > 1:
-        return args[1]
-    group_peer, group = kwargs.get("group_" + keyword), kwargs.get("group")
-    if group_peer is None or group is None:
-        return group_peer
-    import torch.distributed as dist
-    return dist.get_global_rank(group, group_peer)
-
-
-def _swap_peer_calls(wrap: Callable) -> Callable[[], None]:
-    """Replace send/recv/isend/irecv by ``wrap(name, keyword, real)``; returns the undo.
-
-    One replacement per name, set in both ``torch.distributed`` and
-    ``distributed_c10d``: ``P2POp`` accepts an op only if it *is*
-    ``distributed_c10d.isend`` or ``irecv``, so a student's
-    ``P2POp(dist.isend, ...)`` must find the very same object there.
-    """
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    saved = {(module, name): getattr(module, name) for module in (dist, c10d) for name in _PEER_KEYWORD}
-    for name, keyword in _PEER_KEYWORD.items():
-        replacement = wrap(name, keyword, saved[(dist, name)])
-        for module in (dist, c10d):
-            setattr(module, name, replacement)
-
-    def undo() -> None:
-        for (module, name), value in saved.items():
-            setattr(module, name, value)
-    return undo
-
-
 def _as_world(world: int | None, strays: list[str]):
     """A context manager: on ranks 0..world-1 of a bigger lab, pretend the job has ``world`` ranks.
 
@@ -150,15 +115,15 @@ def _as_world(world: int | None, strays: list[str]):
 
         def guarded(name, keyword, real):
             def call(*args, **kwargs):
-                peer = _peer(args, kwargs, keyword)
-                if isinstance(peer, int) and not 0 <= peer < world:
-                    strays.append(f"dist.{name}({keyword}={peer})")
-                    return _Done() if name.startswith("i") else peer
+                other = peer(args, kwargs, keyword)
+                if isinstance(other, int) and not 0 <= other < world:
+                    strays.append(f"dist.{name}({keyword}={other})")
+                    return _Done() if name.startswith("i") else other
                 return real(*args, **kwargs)
             return call
 
         dist.get_world_size = lambda group=None: world if group is None else real_world_size(group)
-        undo = _swap_peer_calls(guarded)
+        undo = swap_peer_calls(guarded)
         try:
             yield
         finally:
@@ -207,7 +172,7 @@ def _refusing_reference(exercise: str):
 
     @contextlib.contextmanager
     def refuse():
-        undo = _swap_peer_calls(lambda name, keyword, real: refusing(name, real))
+        undo = swap_peer_calls(lambda name, keyword, real: refusing(name, real))
         saved = {(module, name): getattr(module, name) for module in (dist, c10d)
                  for name in ("reduce", "broadcast")}
         for name in ("reduce", "broadcast"):
@@ -403,7 +368,7 @@ def _message_log(fn: Callable) -> list[tuple[str, int]]:
     def logged(name, keyword, real):
         def call(*args, **kwargs):
             if not depth[0]:
-                log.append(("send" if "send" in name else "recv", _peer(args, kwargs, keyword)))
+                log.append(("send" if "send" in name else "recv", peer(args, kwargs, keyword)))
             depth[0] += 1
             try:
                 return real(*args, **kwargs)
@@ -411,7 +376,7 @@ def _message_log(fn: Callable) -> list[tuple[str, int]]:
                 depth[0] -= 1
         return call
 
-    undo = _swap_peer_calls(logged)
+    undo = swap_peer_calls(logged)
     try:
         with forbidding(COLLECTIVES, "tree_all_reduce"):
             fn(_make((6,), "float32", 0, dist.get_rank()))

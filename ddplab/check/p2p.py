@@ -22,7 +22,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._core import compare, forbidding, lab_or_current, passed, run_student_code, values_on_ranks
+from ._core import (
+    compare,
+    forbidding,
+    lab_or_current,
+    passed,
+    run_student_code,
+    swap_peer_calls,
+    values_on_ranks,
+)
 
 __all__ = ["all_gather_p2p", "neighbour_exchange", "ping_pong", "ring_token", "swap_tensors"]
 
@@ -50,6 +58,49 @@ def sample(case: int, rank: int) -> Any:
     generator = torch.Generator().manual_seed(1000 * case + rank)
     values = torch.randint(-50, 50, shape, generator=generator) + 100 * (rank + 1)
     return values.to(getattr(torch, dtype))
+
+
+def _matching(case: int):
+    """A context manager: a send or receive of a tensor unlike this trial's inputs fails, named.
+
+    Every tensor on the wire in a trial has the input's dtype and size. gloo
+    does not check: a receive into a buffer of another dtype (``torch.zeros(3)``
+    for an int64 input) has another byte count, and the rank aborts with a
+    message about "a collective". So each send and receive checks first.
+    """
+    import contextlib
+
+    shape, dtype = _CASES[case]
+    numel = 1
+    for size in shape:
+        numel *= size
+
+    def matching(name, keyword, real):
+        def call(*args, **kwargs):
+            tensor = args[0] if args else kwargs.get("tensor")
+            kind = (str(getattr(tensor, "dtype", "?")).replace("torch.", ""),
+                    tensor.numel() if hasattr(tensor, "numel") else "?")
+            if kind != (dtype, numel):
+                role = "sends" if "send" in name else "receives into"
+                raise AssertionError(
+                    f"a dtype or size mismatch: dist.{name} {role} a tensor of {kind[0]}, "
+                    f"{kind[1]} element(s), but in this trial every rank's input is {dtype}, "
+                    f"{numel} element(s) (shape {list(shape)}). Point-to-point calls copy raw "
+                    f"bytes: the receive buffer must have the sender's dtype and size, or the "
+                    f"receiving rank crashes. Make buffers with torch.empty_like(t) and send t "
+                    f"itself (no .float(), no new torch.zeros(...)); then lab.restart(), since a "
+                    f"message already sent may be left unreceived, and check again.")
+            return real(*args, **kwargs)
+        return call
+
+    @contextlib.contextmanager
+    def guard():
+        undo = swap_peer_calls(matching)
+        try:
+            yield
+        finally:
+            undo()
+    return guard()
 
 
 def _what(name: str, case: int) -> str:
@@ -85,7 +136,9 @@ def _trials(trial: Callable, fn: Callable, lab: Any, timeout: float) -> list[lis
 def _ping_pong_trial(fn: Callable, case: int) -> Any:
     import torch.distributed as dist
 
-    return fn(sample(case, dist.get_rank()))
+    x = sample(case, dist.get_rank())
+    with _matching(case):
+        return fn(x)
 
 
 def ping_pong(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
@@ -112,7 +165,8 @@ def _keep_input_trial(fn: Callable, case: int) -> list[Any]:
     import torch.distributed as dist
 
     t = sample(case, dist.get_rank())
-    answer = fn(t)
+    with _matching(case):
+        answer = fn(t)
     return [answer, t]
 
 
@@ -141,7 +195,8 @@ def _exchange_trial(fn: Callable, case: int) -> list[Any]:
     t = sample(case, dist.get_rank())
     everyone = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, t.clone())
-    answer = fn(t)
+    with _matching(case):
+        answer = fn(t)
     return [answer, t, everyone]
 
 
@@ -183,7 +238,7 @@ def _all_gather_trial(fn: Callable, case: int) -> list[Any]:
     dist.all_gather(expected, t.clone())
     # Filled with -1, so an entry the student never writes shows as -1, not as a lucky 0.
     got = [torch.full_like(t, -1) for _ in range(n)]
-    with forbidding(_COLLECTIVES, "my_all_gather", builds="all_gather"):
+    with forbidding(_COLLECTIVES, "my_all_gather", builds="all_gather"), _matching(case):
         fn(got, t)
     return [got, expected, t]
 
