@@ -52,6 +52,34 @@ def run_on_ranks(fn: Callable, *args: Any, lab: Any = None, **kwargs: Any) -> li
     return lab_or_current(lab).run(fn, *args, **kwargs)
 
 
+#: Seconds the first DDP step of a fresh rank may take (imports torch's lazy modules): not a deadlock.
+WARM_UP_TIMEOUT = 120.0
+
+
+def _ddp_step_once() -> None:
+    """On a rank: import ddplab's training modules and run one tiny DDP step (a collective)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddplab import data, train
+
+    data.digits()
+    device = train.device_for_this_rank()
+    model = DDP(torch.nn.Linear(2, 1).to(device),
+                device_ids=[device.index] if device.type == "cuda" else None)
+    model(torch.ones(1, 2, device=device)).sum().backward()
+
+
+def warm_up_ddp(lab: Any = None) -> None:
+    """Make every rank import what a DDP check needs, with a generous timeout, before the check's own.
+
+    A fresh rank's first DDP step imports modules of torch's for seconds (tens of
+    seconds on a loaded machine), which a check's short deadlock timeout would
+    mistake for a deadlock in the student's code.
+    """
+    run_on_ranks(_ddp_step_once, lab=lab, timeout=WARM_UP_TIMEOUT)
+
+
 def run_student_code(what: str, fn: Callable, *args: Any, lab: Any = None, timeout: float,
                      hint: str) -> list[Any]:
     """``run_on_ranks``, where ``fn`` runs the student's code: its failures become AssertionErrors.

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..text import plural
-from ._core import compare, lab_or_current, passed, require_function, run_student_code
+from ._core import compare, lab_or_current, passed, require_function, run_student_code, warm_up_ddp
 
 __all__ = ["average_gradients", "average_gradients_flat"]
 
@@ -86,6 +86,7 @@ def _train_both(name: str, steps: int, batch: int) -> Any:
 
 
 def _run(name: str, lab: Any, timeout: float) -> list[dict]:
+    warm_up_ddp(lab)
     got = run_student_code(f"{name}(model)", _train_both, name, _STEPS, _BATCH, lab=lab,
                            timeout=timeout, hint="every rank must all_reduce the same "
                                                  "parameters, in the same order.")

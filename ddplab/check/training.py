@@ -36,12 +36,13 @@ from ._core import (
     require_function,
     run_on_ranks,
     run_student_code,
+    warm_up_ddp,
 )
 
 __all__ = ["epoch_loader", "global_accuracy", "save_checkpoint", "train_uneven", "wrap_model"]
 
 _MISSING = "<no such function on this rank>"
-_TIMEOUT = 60.0
+_TIMEOUT = 15.0            # each of these exercises takes about a second: longer is a deadlock
 #: The dataset the sampler checker hands to ``epoch_loader``: sample i is the number i.
 #: 24 splits evenly over 1, 2, 3, 4, 6, 8 and 12 ranks, so no rank gets padding.
 _SAMPLES = 24
@@ -49,6 +50,7 @@ _SAMPLES = 24
 
 def _student(name: str, lab: Any, fn, *args: Any) -> list[Any]:
     """Run ``fn(student_function, *args)`` on every rank; turn every failure into an AssertionError."""
+    warm_up_ddp(lab)
     got = run_student_code(f"{name}(...)", _with_function, name, fn, *args, lab=lab,
                            timeout=_TIMEOUT, hint="every rank must make the same collective "
                                                   "calls, a barrier included.")
@@ -332,6 +334,7 @@ def train_uneven(lab: Any = None) -> None:
     ``torch.distributed.algorithms.Join``.
     """
     lab = lab_or_current(lab)
+    warm_up_ddp(lab)
     got = run_student_code(
         "train_uneven(...)", _with_function, "train_uneven", _uneven_answers, lab=lab,
         timeout=_UNEVEN_TIMEOUT,
