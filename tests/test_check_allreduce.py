@@ -13,6 +13,23 @@ from ddplab.check import allreduce as check
 pytestmark = pytest.mark.slow
 
 
+def student_copy(reference):
+    """``reference``'s code as a student's own function: the same steps, not ddplab's object."""
+    import types
+
+    code = reference.__code__.replace(co_name="student_" + reference.__name__)
+    copy = types.FunctionType(code, reference.__globals__, code.co_name, reference.__defaults__)
+    copy.__module__ = __name__
+    return copy
+
+
+RING = student_copy(algorithms.ring_all_reduce)
+NAIVE = student_copy(algorithms.naive_all_reduce)
+NAIVE_COLLECTIVES = student_copy(algorithms.naive_all_reduce_collectives)
+RECURSIVE_DOUBLING = student_copy(algorithms.recursive_doubling_all_reduce)
+TREE = student_copy(algorithms.tree_all_reduce)
+
+
 # ---------------------------------------------------------------- wrong answers
 def ring_same_formula_in_both_phases(tensor):
     """Wrong chunk order: the all-gather reuses the reduce-scatter's chunk indexes."""
@@ -97,7 +114,7 @@ def returns_a_new_tensor(tensor):
 
 # ---------------------------------------------------------------- tests
 def test_right_ring_passes_with_one_fixed_line(fresh_lab4, capsys):
-    check.ring_all_reduce(algorithms.ring_all_reduce)
+    check.ring_all_reduce(RING)
     out = capsys.readouterr().out
     assert out == ("Correct: ring_all_reduce matches dist.all_reduce on every rank for 41 cases "
                    "(shapes 1, 6, 13, 3x5, 1000, 4099; float32, float64, int32, int64).\n")
@@ -149,20 +166,71 @@ def test_naive_without_broadcast_names_the_ranks_that_are_wrong(fresh_lab4):
     assert first.startswith("naive_all_reduce is wrong on ranks 1, 2, 3 for ")
 
 
+def ring_that_calls_the_shipped_ring(tensor):
+    from ddplab.algorithms import ring_all_reduce as mine
+    return mine(tensor)
+
+
+@pytest.mark.parametrize("checker, answer, name", [
+    (check.ring_all_reduce, algorithms.ring_all_reduce, "ring_all_reduce"),
+    (check.ring_all_reduce, ring_that_calls_the_shipped_ring, "ring_all_reduce"),
+    (check.ring_all_reduce, algorithms.naive_all_reduce, "naive_all_reduce"),
+    (check.naive_all_reduce, algorithms.naive_all_reduce, "naive_all_reduce"),
+    (check.naive_all_reduce_collectives, algorithms.naive_all_reduce_collectives,
+     "naive_all_reduce_collectives"),
+    (check.tree_all_reduce, algorithms.tree_all_reduce, "tree_all_reduce"),
+    (check.recursive_doubling_all_reduce, algorithms.recursive_doubling_all_reduce,
+     "recursive_doubling_all_reduce"),
+])
+def test_an_answer_that_calls_ddplabs_own_all_reduce_fails(fresh_lab4, checker, answer, name):
+    with pytest.raises(AssertionError) as info:
+        checker(answer)
+    assert f"calls ddplab.algorithms.{name}, the reference solution that ships with ddplab" \
+        in str(info.value)
+    assert not fresh_lab4.broken_reason       # every rank refused at once: nobody is left waiting
+
+
+def ring_that_sends_first(tensor):
+    """Every rank's blocking send waits for a receive nobody posts yet."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    inbox = torch.empty_like(tensor)
+    for _ in range(p - 1):
+        dist.send(tensor, dst=(rank + 1) % p)
+        dist.recv(inbox, src=(rank - 1) % p)
+    tensor += inbox
+    return tensor
+
+
+def test_a_deadlocked_ring_is_reported_within_the_check_timeout_with_a_hint(fresh_lab4):
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(AssertionError) as info:
+        check.ring_all_reduce(ring_that_sends_first)
+    took = time.monotonic() - start
+    message = str(info.value)
+    assert "did not finish within 15 s: the ranks are waiting for each other (a deadlock)" in message
+    assert "rank 0: still in send" in message
+    assert "Hint: a rank that sends with the blocking dist.send" in message
+    assert "dist.isend" in message and "lab.restart()" in message
+    assert took < 3 * check.DEADLOCK_TIMEOUT          # not the lab's 60 s
+    fresh_lab4.restart()
+
+
 def test_send_recv_exercise_may_not_call_all_reduce(fresh_lab4):
-    with pytest.raises(ddplab.RankError, match=r"may not call dist\.all_reduce"):
+    with pytest.raises(AssertionError, match=r"may not call dist\.all_reduce"):
         check.ring_all_reduce(ring_that_calls_all_reduce)
     assert not fresh_lab4.broken_reason       # every rank refused at once: nobody is left waiting
 
 
 def test_collectives_version_must_work_in_place(fresh_lab):
-    check.naive_all_reduce_collectives(algorithms.naive_all_reduce_collectives)
+    check.naive_all_reduce_collectives(NAIVE_COLLECTIVES)
     with pytest.raises(AssertionError, match="returned a new tensor and left its argument unchanged"):
         check.naive_all_reduce_collectives(returns_a_new_tensor)
 
 
 def test_recursive_doubling_checker(fresh_lab4, capsys):
-    check.recursive_doubling_all_reduce(algorithms.recursive_doubling_all_reduce)
+    check.recursive_doubling_all_reduce(RECURSIVE_DOUBLING)
     assert capsys.readouterr().out.startswith("Correct: recursive_doubling_all_reduce")
     with pytest.raises(AssertionError):
         check.recursive_doubling_all_reduce(naive_without_broadcast)
@@ -183,7 +251,7 @@ def doubling_for_powers_of_two_only(tensor):
 
 
 def test_recursive_doubling_is_also_checked_on_three_of_four_ranks(fresh_lab4, capsys):
-    check.recursive_doubling_all_reduce(algorithms.recursive_doubling_all_reduce)
+    check.recursive_doubling_all_reduce(RECURSIVE_DOUBLING)
     assert capsys.readouterr().out == (
         "Correct: recursive_doubling_all_reduce matches dist.all_reduce on every rank for 41 cases "
         "on 4 ranks, and on 3 of them (not a power of two).\n")
@@ -199,7 +267,7 @@ def test_the_students_stub_fails_naming_the_case(fresh_lab):
     def stub(tensor):
         raise NotImplementedError()
 
-    with pytest.raises(ddplab.RankError, match=r"ring_all_reduce raised on the case shape=\[1\], "
+    with pytest.raises(AssertionError, match=r"ring_all_reduce raised on the case shape=\[1\], "
                                                r"dtype=float32, seed=0 \(rank 0\): NotImplementedError"):
         check.ring_all_reduce(stub)
 
@@ -232,7 +300,7 @@ def chain_all_reduce(tensor):
 
 
 def test_tree_checker_accepts_a_binomial_tree(fresh_lab4, capsys):
-    check.tree_all_reduce(algorithms.tree_all_reduce)
+    check.tree_all_reduce(TREE)
     assert capsys.readouterr().out == (
         "Correct: tree_all_reduce matches dist.all_reduce on every rank for 41 cases, with 6 messages "
         "on 4 ranks up and down a tree 2 levels deep (each rank -> its parent: 1 -> 0, 2 -> 0, "
@@ -240,9 +308,9 @@ def test_tree_checker_accepts_a_binomial_tree(fresh_lab4, capsys):
 
 
 @pytest.mark.parametrize("wrong, why", [
-    (algorithms.naive_all_reduce, "rank 0 received 3 messages, one from every rank (a star"),
+    (NAIVE, "rank 0 received 3 messages, one from every rank (a star"),
     (chain_all_reduce, "the tree is 3 levels deep (a chain)"),
-    (algorithms.ring_all_reduce, "24 messages were sent in all; a tree sends 2(p-1) = 6"),
+    (RING, "24 messages were sent in all; a tree sends 2(p-1) = 6"),
 ])
 def test_tree_checker_rejects_right_sums_that_are_no_tree(fresh_lab4, wrong, why):
     with pytest.raises(AssertionError) as info:

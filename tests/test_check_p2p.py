@@ -131,7 +131,35 @@ def test_swap_tensors(fresh_lab, capsys):
 def test_swap_tensors_reports_a_deadlock_per_rank(fresh_lab):
     message = _fails(p2p.swap_tensors, swap_deadlocks, timeout=5, match="a deadlock")
     assert "rank 0: still in send" in message and "rank 1: still in send" in message
+    assert "Hint: two blocking sends facing each other wait forever" in message
     assert "lab.restart()" in message
+
+
+def test_p2p_deadlocks_are_reported_within_15_s_by_default():
+    import inspect
+
+    assert inspect.signature(p2p.swap_tensors).parameters["timeout"].default <= 15
+
+
+def swap_into_a_float_buffer(t):
+    other = 1 - dist.get_rank()
+    received = torch.zeros(t.shape)              # float32, whatever t's dtype
+    requests = [dist.isend(t, dst=other), dist.irecv(received, src=other)]
+    for request in requests:
+        request.wait()
+    return received
+
+
+def test_a_float_buffer_for_an_int_tensor_is_named_as_a_dtype_mismatch(fresh_lab):
+    message = _fails(p2p.swap_tensors, swap_into_a_float_buffer,
+                     match=r"a dtype or size mismatch: dist\.irecv receives into a tensor of "
+                           r"float32, 6 element\(s\), but in this trial every rank's input is "
+                           r"float64, 6 element\(s\)")
+    assert "torch.empty_like(t)" in message and "lab.restart()" in message
+    assert "collective" not in message        # not gloo's abort, which blames "a collective"
+    assert not fresh_lab.broken_reason        # refused before gloo saw it: no rank crashed
+    fresh_lab.restart()                       # the isend already posted was never received
+    p2p.swap_tensors(swap_right)
 
 
 def test_swap_tensors_needs_two_ranks(fresh_lab4):
@@ -197,6 +225,27 @@ def all_gather_rebinds(tensor_list, tensor):
     everyone = [torch.empty_like(tensor) for _ in tensor_list]
     all_gather_right(everyone, tensor)
     tensor_list = everyone          # noqa: F841  (the caller's list is untouched)
+
+
+def all_gather_with_the_collective(tensor_list, tensor):
+    dist.all_gather(tensor_list, tensor)
+
+
+def all_gather_into_one_tensor(tensor_list, tensor):
+    out = torch.empty((len(tensor_list), *tensor.shape), dtype=tensor.dtype)
+    dist.all_gather_into_tensor(out, tensor)
+    for item, row in zip(tensor_list, out):
+        item.copy_(row)
+
+
+def test_all_gather_p2p_may_not_call_a_collective(fresh_lab4):
+    message = _fails(p2p.all_gather_p2p, all_gather_with_the_collective,
+                     match=r"my_all_gather builds all_gather from send/recv, so it may not call "
+                           r"dist\.all_gather\. Use dist\.send/dist\.recv")
+    assert "raised an exception, so it cannot be checked" in message
+    _fails(p2p.all_gather_p2p, all_gather_into_one_tensor, match=r"may not call dist\.all_gather_into_tensor")
+    assert not fresh_lab4.broken_reason       # every rank refused at once: nobody is left waiting
+    p2p.all_gather_p2p(all_gather_right)      # and the collective works again afterwards
 
 
 def test_all_gather_p2p(fresh_lab4, capsys):

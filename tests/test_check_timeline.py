@@ -7,6 +7,8 @@ change the run (another rank made slow), and the same answer fails.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import ddplab
@@ -60,7 +62,20 @@ def test_who_waited_right_and_wrong(fresh_lab):
                            "    time.sleep(0.5)\n    dist.send(t, dst=1)\nelse:\n"
                            "    dist.recv(t, src=0)")
     ddplab.check.who_waited((1, "recv"), tr)
-    fails(ddplab.check.who_waited, (0, "send"), "not the call that waited longest", "rank 1: recv")
+    with fresh_lab.trace() as tr:         # rank 0's barrier waits 0.3 s, then rank 1's recv 1.0 s
+        fresh_lab.run_cell("import time\nt = torch.ones(2)\nif rank == 1:\n    time.sleep(0.3)\n"
+                           "dist.barrier()\nif rank == 0:\n    time.sleep(1.0)\n    dist.send(t, dst=1)\n"
+                           "else:\n    dist.recv(t, src=0)")
+    ddplab.check.who_waited((1, "recv"), tr)
+    for wrong, why in (((0, "send"), "send on rank 0 did not wait for the other rank at all"),
+                       ((1, "send"), "rank 1 made no 'send' call in this trace; it made "),
+                       ((5, "recv"), "no rank 5"),
+                       ((0, "barrier"), "barrier on rank 0 waited, but another call waited longer")):
+        message = fails(ddplab.check.who_waited, wrong, "is not the call that waited longest: ",
+                        why, "Hint: waiting is the hatched part", trace=tr)
+        # The failure never gives the answer away: neither the right call nor any measured time.
+        assert "recv on rank 1" not in message and "rank 1: recv" not in message, message
+        assert not re.search(r"\d+(\.\d+)? ?m?s\b", message), message
     fails(ddplab.check.who_waited, "recv", "(rank, op)")
 
 

@@ -79,6 +79,28 @@ def test_wrap_model_needs_the_variable(fresh_lab):
     fails(training.wrap_model, "no variable `ddp_model` on ranks 0, 1")
 
 
+def test_wrap_model_on_rank_0_only_says_ddp_is_a_collective(fresh_lab):
+    import time
+
+    fresh_lab.run_cell(MODEL + "ddp_model = None\ndel ddp_model\n")
+    # %%rank 0: the cell returns after its grace, rank 0 stays inside DDP's constructor.
+    fresh_lab.run_cell("ddp_model = DDP(model)\n", ranks=[0], grace=1)
+    start = time.monotonic()
+    message = fails(training.wrap_model, "did not finish within 15 s",
+                    "Hint: a rank is still inside DDP(model). DDP(model) is itself a collective",
+                    "broadcasts rank 0's weights", "a %%ranks cell, not %%rank 0", "lab.restart()")
+    assert time.monotonic() - start < 45                    # 15 s and the report, not the lab's 30 s+
+    assert "rank 0: still in" in message, message
+    fresh_lab.restart()
+
+
+def test_wrap_model_on_some_ranks_names_them(fresh_lab):
+    fresh_lab.run_cell(MODEL + "ddp_model = None\ndel ddp_model\n")
+    fresh_lab.run_cell("ddp_model = 'made on rank 0 only'\n", ranks=[0])
+    fails(training.wrap_model, "ddp_model exists on rank 0 but not on rank 1: DDP was constructed "
+          "on some ranks only. DDP(model) is itself a collective")
+
+
 # --------------------------------------------------------------- epoch_loader
 RIGHT_LOADER = """
 from torch.utils.data import DataLoader, DistributedSampler

@@ -52,6 +52,34 @@ def run_on_ranks(fn: Callable, *args: Any, lab: Any = None, **kwargs: Any) -> li
     return lab_or_current(lab).run(fn, *args, **kwargs)
 
 
+#: Seconds the first DDP step of a fresh rank may take (imports torch's lazy modules): not a deadlock.
+WARM_UP_TIMEOUT = 120.0
+
+
+def _ddp_step_once() -> None:
+    """On a rank: import ddplab's training modules and run one tiny DDP step (a collective)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddplab import data, train
+
+    data.digits()
+    device = train.device_for_this_rank()
+    model = DDP(torch.nn.Linear(2, 1).to(device),
+                device_ids=[device.index] if device.type == "cuda" else None)
+    model(torch.ones(1, 2, device=device)).sum().backward()
+
+
+def warm_up_ddp(lab: Any = None) -> None:
+    """Make every rank import what a DDP check needs, with a generous timeout, before the check's own.
+
+    A fresh rank's first DDP step imports modules of torch's for seconds (tens of
+    seconds on a loaded machine), which a check's short deadlock timeout would
+    mistake for a deadlock in the student's code.
+    """
+    run_on_ranks(_ddp_step_once, lab=lab, timeout=WARM_UP_TIMEOUT)
+
+
 def run_student_code(what: str, fn: Callable, *args: Any, lab: Any = None, timeout: float,
                      hint: str) -> list[Any]:
     """``run_on_ranks``, where ``fn`` runs the student's code: its failures become AssertionErrors.
@@ -83,6 +111,82 @@ def deadlock(what: str, exc: Any, timeout: float, hint: str) -> AssertionError:
     return AssertionError(f"{what} did not finish within {timeout:g} s: the ranks are waiting for "
                           f"each other (a deadlock).\n{where}\nHint: {hint} "
                           f"Then recover with: lab.restart()")
+
+
+def forbidding(names: tuple[str, ...], exercise: str, builds: str = "all_reduce"):
+    """A context manager that makes ``dist.<name>`` raise, for the student's call only.
+
+    ``builds`` names what the exercise builds, for the message.
+    """
+    import contextlib
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    @contextlib.contextmanager
+    def forbid():
+        saved = {}
+        for name in names:
+            for module in (dist, c10d):
+                if hasattr(module, name):
+                    saved[(module, name)] = getattr(module, name)
+
+                    def refuse(*args, _name=name, **kwargs):
+                        __tracebackhide__ = True
+                        raise AssertionError(
+                            f"{exercise} builds {builds} from send/recv, so it may not call "
+                            f"dist.{_name}. Use dist.send/dist.recv (or isend/irecv) only.")
+                    setattr(module, name, refuse)
+        try:
+            yield
+        finally:
+            for (module, name), value in saved.items():
+                setattr(module, name, value)
+    return forbid()
+
+
+#: The point-to-point calls the checkers watch, and the keyword naming the other rank.
+PEER_KEYWORD = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+
+
+def peer(args: tuple, kwargs: dict, keyword: str) -> Any:
+    """The other rank of a send or recv call, as a global rank.
+
+    ``dst=``/``src=`` or the second argument; or ``group_dst=``/``group_src=``,
+    a rank within ``group=``, which is how ``batch_isend_irecv`` calls each op.
+    """
+    if keyword in kwargs:
+        return kwargs[keyword]
+    if len(args) > 1:
+        return args[1]
+    group_peer, group = kwargs.get("group_" + keyword), kwargs.get("group")
+    if group_peer is None or group is None:
+        return group_peer
+    import torch.distributed as dist
+    return dist.get_global_rank(group, group_peer)
+
+
+def swap_peer_calls(wrap: Callable) -> Callable[[], None]:
+    """Replace send/recv/isend/irecv by ``wrap(name, keyword, real)``; returns the undo.
+
+    One replacement per name, set in both ``torch.distributed`` and
+    ``distributed_c10d``: ``P2POp`` accepts an op only if it *is*
+    ``distributed_c10d.isend`` or ``irecv``, so a student's
+    ``P2POp(dist.isend, ...)`` must find the very same object there.
+    """
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    saved = {(module, name): getattr(module, name) for module in (dist, c10d) for name in PEER_KEYWORD}
+    for name, keyword in PEER_KEYWORD.items():
+        replacement = wrap(name, keyword, saved[(dist, name)])
+        for module in (dist, c10d):
+            setattr(module, name, replacement)
+
+    def undo() -> None:
+        for (module, name), value in saved.items():
+            setattr(module, name, value)
+    return undo
 
 
 def require_function(got: list[Any], name: str, marker: str, kind: str = "function",

@@ -20,7 +20,16 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..text import plural
-from ._core import deadlock, lab_or_current, passed, run_on_ranks
+from ._core import (
+    deadlock,
+    forbidding,
+    lab_or_current,
+    passed,
+    peer,
+    run_on_ranks,
+    run_student_code,
+    swap_peer_calls,
+)
 
 __all__ = [
     "naive_all_reduce",
@@ -39,6 +48,13 @@ LENGTHS = (1, 6, 13, 1000, 4099)
 DTYPES = ("float32", "float64", "int64", "int32")
 SEEDS = (0, 1)
 _SHOWN = 6                        # wrong elements listed per rank
+#: Seconds one case may take before the ranks are reported as deadlocked (a case takes well under 1 s).
+DEADLOCK_TIMEOUT = 15.0
+DEADLOCK_HINT = ("a rank that sends with the blocking dist.send while the rank it sends to is "
+                 "itself in dist.send (every rank sending first, around a ring or to each other) "
+                 "waits forever: gloo's send returns only once the receive is posted. Send with "
+                 "dist.isend, receive with dist.recv, then wait() on the isend's request. Also "
+                 "check that every send has a matching recv on the rank it names (src/dst).")
 
 
 def cases(lengths=LENGTHS, dtypes=DTYPES, seeds=SEEDS) -> list[tuple[tuple[int, ...], str, int]]:
@@ -59,34 +75,6 @@ def _make(shape: tuple[int, ...], dtype: str, seed: int, rank: int):
     return torch.randint(-100, 100, shape, generator=generator).to(kind)
 
 
-def _forbidding(names: tuple[str, ...], exercise: str):
-    """A context manager that makes ``dist.<name>`` raise, for the student's call only."""
-    import contextlib
-
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    @contextlib.contextmanager
-    def forbid():
-        saved = {}
-        for name in names:
-            for module in (dist, c10d):
-                if hasattr(module, name):
-                    saved[(module, name)] = getattr(module, name)
-
-                    def refuse(*args, _name=name, **kwargs):
-                        raise AssertionError(
-                            f"{exercise} builds all_reduce from send/recv, so it may not call "
-                            f"dist.{_name}. Use dist.send/dist.recv (or isend/irecv) only.")
-                    setattr(module, name, refuse)
-        try:
-            yield
-        finally:
-            for (module, name), value in saved.items():
-                setattr(module, name, value)
-    return forbid()
-
-
 def _wrong_elements(expected, got, atol: float) -> tuple[int, list[tuple[int, Any, Any]]]:
     """How many elements differ, and the first few as (flat index, expected, got)."""
     import torch
@@ -98,50 +86,6 @@ def _wrong_elements(expected, got, atol: float) -> tuple[int, list[tuple[int, An
         bad = g != e
     where = bad.nonzero().reshape(-1)
     return len(where), [(int(i), e[i].item(), g[i].item()) for i in where[:_SHOWN]]
-
-
-#: The point-to-point calls the checkers watch, and the keyword naming the other rank.
-_PEER_KEYWORD = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
-
-
-def _peer(args: tuple, kwargs: dict, keyword: str) -> Any:
-    """The other rank of a send or recv call, as a global rank.
-
-    ``dst=``/``src=`` or the second argument; or ``group_dst=``/``group_src=``,
-    a rank within ``group=``, which is how ``batch_isend_irecv`` calls each op.
-    """
-    if keyword in kwargs:
-        return kwargs[keyword]
-    if len(args) > 1:
-        return args[1]
-    group_peer, group = kwargs.get("group_" + keyword), kwargs.get("group")
-    if group_peer is None or group is None:
-        return group_peer
-    import torch.distributed as dist
-    return dist.get_global_rank(group, group_peer)
-
-
-def _swap_peer_calls(wrap: Callable) -> Callable[[], None]:
-    """Replace send/recv/isend/irecv by ``wrap(name, keyword, real)``; returns the undo.
-
-    One replacement per name, set in both ``torch.distributed`` and
-    ``distributed_c10d``: ``P2POp`` accepts an op only if it *is*
-    ``distributed_c10d.isend`` or ``irecv``, so a student's
-    ``P2POp(dist.isend, ...)`` must find the very same object there.
-    """
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    saved = {(module, name): getattr(module, name) for module in (dist, c10d) for name in _PEER_KEYWORD}
-    for name, keyword in _PEER_KEYWORD.items():
-        replacement = wrap(name, keyword, saved[(dist, name)])
-        for module in (dist, c10d):
-            setattr(module, name, replacement)
-
-    def undo() -> None:
-        for (module, name), value in saved.items():
-            setattr(module, name, value)
-    return undo
 
 
 def _as_world(world: int | None, strays: list[str]):
@@ -171,21 +115,77 @@ def _as_world(world: int | None, strays: list[str]):
 
         def guarded(name, keyword, real):
             def call(*args, **kwargs):
-                peer = _peer(args, kwargs, keyword)
-                if isinstance(peer, int) and not 0 <= peer < world:
-                    strays.append(f"dist.{name}({keyword}={peer})")
-                    return _Done() if name.startswith("i") else peer
+                other = peer(args, kwargs, keyword)
+                if isinstance(other, int) and not 0 <= other < world:
+                    strays.append(f"dist.{name}({keyword}={other})")
+                    return _Done() if name.startswith("i") else other
                 return real(*args, **kwargs)
             return call
 
         dist.get_world_size = lambda group=None: world if group is None else real_world_size(group)
-        undo = _swap_peer_calls(guarded)
+        undo = swap_peer_calls(guarded)
         try:
             yield
         finally:
             undo()
             dist.get_world_size = real_world_size
     return pretend()
+
+
+#: ddplab's own all_reduces (``ddplab.algorithms``): the reference solutions an answer may not call.
+_REFERENCES = ("naive_all_reduce", "naive_all_reduce_collectives", "recursive_doubling_all_reduce",
+               "ring_all_reduce", "tree_all_reduce")
+#: The calls a reference all_reduce in ``ddplab.algorithms`` makes: one of them shows it running.
+_REFERENCE_CALLS = ("send", "recv", "isend", "irecv", "reduce", "broadcast")
+
+
+def _refusing_reference(exercise: str):
+    """A context manager: a call from inside ``ddplab.algorithms``' own all_reduces raises.
+
+    An answer that calls the shipped reference (``ddplab.algorithms.ring_all_reduce``,
+    under any name it was imported as) sums correctly without building anything.
+    Each send, recv, reduce or broadcast looks up the call stack for a frame of
+    a reference function's code; a copy of that code (a student's own) is not it.
+    """
+    import contextlib
+    import sys
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from ddplab import algorithms
+
+    references = {getattr(algorithms, name).__code__: name for name in _REFERENCES}
+
+    def refusing(name, real):
+        def call(*args, **kwargs):
+            frame = sys._getframe(1)
+            while frame is not None:
+                if frame.f_code in references:
+                    raise AssertionError(
+                        f"{exercise} calls ddplab.algorithms.{references[frame.f_code]}, the "
+                        f"reference solution that ships with ddplab, so it builds nothing itself. "
+                        f"Write the sends and receives yourself.")
+                frame = frame.f_back
+            return real(*args, **kwargs)
+        return call
+
+    @contextlib.contextmanager
+    def refuse():
+        undo = swap_peer_calls(lambda name, keyword, real: refusing(name, real))
+        saved = {(module, name): getattr(module, name) for module in (dist, c10d)
+                 for name in ("reduce", "broadcast")}
+        for name in ("reduce", "broadcast"):
+            replacement = refusing(name, saved[(dist, name)])
+            for module in (dist, c10d):
+                setattr(module, name, replacement)
+        try:
+            yield
+        finally:
+            for (module, name), value in saved.items():
+                setattr(module, name, value)
+            undo()
+    return refuse()
 
 
 def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exercise: str,
@@ -210,7 +210,8 @@ def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exerci
         got = data.clone()
         strays: list[str] = []
         try:
-            with _forbidding(forbidden, exercise), _as_world(world, strays):
+            with forbidding(forbidden, exercise), _refusing_reference(exercise), \
+                    _as_world(world, strays):
                 returned = fn(got)
         except Exception as error:
             raise RuntimeError(f"{exercise} raised on the case shape={list(shape)}, dtype={dtype}, "
@@ -281,7 +282,13 @@ def check_all_reduce(fn: Callable, exercise: str, forbidden: tuple[str, ...] = C
         raise AssertionError(f"{exercise} needs your function, e.g. ddplab.check.{exercise}"
                              f"(my_{exercise}), but got {fn!r}.")
     case_list = cases() if case_list is None else case_list
-    by_rank = run_on_ranks(_run_cases, fn, case_list, forbidden, exercise, lab=lab)
+    by_rank = [[] for _ in range(lab_or_current(lab).world_size)]
+    for case in case_list:           # one call per case: a deadlock shows within DEADLOCK_TIMEOUT
+        got = run_student_code(f"{exercise}(tensor) on shape={list(case[0])}, dtype={case[1]}",
+                               _run_cases, fn, [case], forbidden, exercise, lab=lab,
+                               timeout=DEADLOCK_TIMEOUT, hint=DEADLOCK_HINT)
+        for verdicts, more in zip(by_rank, got):
+            verdicts.extend(more)
     _report(exercise, by_rank, hint or "run it on a small tensor and print what each rank "
             "sends and receives.")
     if quiet:
@@ -361,7 +368,7 @@ def _message_log(fn: Callable) -> list[tuple[str, int]]:
     def logged(name, keyword, real):
         def call(*args, **kwargs):
             if not depth[0]:
-                log.append(("send" if "send" in name else "recv", _peer(args, kwargs, keyword)))
+                log.append(("send" if "send" in name else "recv", peer(args, kwargs, keyword)))
             depth[0] += 1
             try:
                 return real(*args, **kwargs)
@@ -369,9 +376,9 @@ def _message_log(fn: Callable) -> list[tuple[str, int]]:
                 depth[0] -= 1
         return call
 
-    undo = _swap_peer_calls(logged)
+    undo = swap_peer_calls(logged)
     try:
-        with _forbidding(COLLECTIVES, "tree_all_reduce"):
+        with forbidding(COLLECTIVES, "tree_all_reduce"):
             fn(_make((6,), "float32", 0, dist.get_rank()))
     finally:
         undo()

@@ -8,19 +8,23 @@ from the same start: once calling the student's function between
 ``backward()`` and ``step()``, once under ``DistributedDataParallel``. Every
 rank gets its own batches, so a function that does not average (or averages
 the wrong thing) ends with weights that differ from DDP's. It also counts the
-student's ``dist.all_reduce`` calls per step.
+student's ``dist.all_reduce`` calls per step. When the weights differ, one
+more step says what the function did to the gradients, by its effect: the sum
+(no division), the mean times a constant (divided by a fixed number), left
+unchanged (a temporary copy was reduced, or nothing), or only some of them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._core import compare, lab_or_current, passed, require_function, run_student_code
+from ..text import plural
+from ._core import compare, lab_or_current, passed, require_function, run_student_code, warm_up_ddp
 
 __all__ = ["average_gradients", "average_gradients_flat"]
 
 _MISSING = "<no such function on this rank>"
-_TIMEOUT = 90.0
+_TIMEOUT = 15.0            # the 5 steps take about a second: longer is a deadlock
 _STEPS, _BATCH = 5, 8
 
 
@@ -82,6 +86,7 @@ def _train_both(name: str, steps: int, batch: int) -> Any:
 
 
 def _run(name: str, lab: Any, timeout: float) -> list[dict]:
+    warm_up_ddp(lab)
     got = run_student_code(f"{name}(model)", _train_both, name, _STEPS, _BATCH, lab=lab,
                            timeout=timeout, hint="every rank must all_reduce the same "
                                                  "parameters, in the same order.")
@@ -89,20 +94,122 @@ def _run(name: str, lab: Any, timeout: float) -> list[dict]:
     return got
 
 
-def _same_as_ddp(name: str, got: list[dict], n: int) -> None:
-    close = [g["gap"] <= 1e-9 for g in got]
-    compare(f"weights after {_STEPS} SGD steps with {name}(model), equal to DDP's (to 1e-9)",
-            [True] * n, close,
-            hint=f"after backward(), every rank must hold the mean of all ranks' gradients: "
-                 f"all_reduce each p.grad (SUM), then divide it by world_size, in place. "
-                 f"Largest difference from DDP: {max(g['gap'] for g in got):.3g}.")
+def _one_step(name: str, batch: int) -> Any:
+    """On a rank: what ``name`` did to each gradient in one step, judged by its effect.
+
+    Per parameter, the gradient after the student's call is compared with this
+    rank's own gradient, the mean over ranks and the sum (both computed here
+    with torch's all_reduce on copies, before the student's call): ``"mean"``,
+    ``"sum"``, ``"unchanged"``, ``("scaled", k)`` (the mean times k) or ``"other"``.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from ddplab import data, train
+    from ddplab.rank.engine import namespace
+
+    student = namespace().get(name)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    device = train.device_for_this_rank()
+    train_set, _ = data.digits(dtype=torch.float64)
+    x, y = train_set[rank * batch:(rank + 1) * batch]
+    torch.manual_seed(0)
+    model = train.SmallCNN().double().to(device)
+    F.cross_entropy(model(x.to(device)), y.to(device)).backward()
+    own = [p.grad.detach().clone() for p in model.parameters()]
+    means = [g.clone() for g in own]
+    for m in means:
+        dist.all_reduce(m)
+        m /= n
+    real_all_reduce, calls = dist.all_reduce, [0]
+
+    def counting_all_reduce(*args, **kwargs):
+        calls[0] += 1
+        return real_all_reduce(*args, **kwargs)
+
+    dist.all_reduce = counting_all_reduce
+    try:
+        student(model)
+    finally:
+        dist.all_reduce = real_all_reduce
+
+    def close(a, b) -> bool:
+        return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), rtol=1e-9, atol=1e-12))
+
+    kinds = []
+    for p, g, m in zip(model.parameters(), own, means):
+        got = p.grad.detach() if p.grad is not None else torch.zeros_like(g)
+        if close(got, m):
+            kinds.append("mean")
+        elif close(got, n * m):
+            kinds.append("sum")
+        elif close(got, g):
+            kinds.append("unchanged")
+        else:
+            k = float((got.double() * m.double()).sum() / (m.double() * m.double()).sum())
+            kinds.append(("scaled", k) if got.shape == m.shape and close(got, k * m) else "other")
+    return {"kinds": kinds, "calls": calls[0]}
+
+
+def _diagnosis(name: str, kinds: list, calls: int, n: int) -> str | None:
+    """What one rank's gradients say about the mistake; None if they hold the mean."""
+    total = len(kinds)
+    if all(k == "mean" for k in kinds):
+        return None
+    if all(k == "sum" for k in kinds):
+        return (f"every gradient holds the sum over the {n} ranks, world_size times the mean: "
+                f"the all_reduce is there, the division is missing. Divide each reduced gradient "
+                f"by dist.get_world_size(), in place (p.grad /= world_size).")
+    scaled = {round(k[1], 6) for k in kinds if isinstance(k, tuple)}
+    if all(isinstance(k, tuple) for k in kinds) and len(scaled) == 1:
+        factor = scaled.pop()
+        return (f"every gradient is the mean times {factor:.4g}: the sum was divided by "
+                f"{n / factor:.4g}, not by world_size = {n}. Divide by dist.get_world_size(), "
+                f"not by a number written in the code.")
+    if all(k == "unchanged" for k in kinds):
+        if calls:
+            return (f"every gradient is unchanged, this rank's own, although {name} called "
+                    f"dist.all_reduce {calls} time(s): it reduced a temporary copy (p.grad.clone(), "
+                    f"torch.cat(...), .float(), a list of new tensors) and the result never reached "
+                    f"p.grad. All_reduce p.grad itself in place, or copy the result back into p.grad.")
+        return (f"every gradient is unchanged, this rank's own: {name} never called "
+                f"dist.all_reduce (through `dist.`), so nothing was averaged.")
+    averaged = sum(k == "mean" for k in kinds)
+    if averaged:
+        return (f"{averaged} of the {total} parameters' gradients hold the mean, the other "
+                f"{total - averaged} do not: average every parameter (for p in model.parameters()).")
+    return None
+
+
+def _same_as_ddp(name: str, got: list[dict], n: int, lab: Any, timeout: float) -> None:
+    wrong = [rank for rank, g in enumerate(got) if g["gap"] > 1e-9]
+    if not wrong:
+        return
+    gap = max(g["gap"] for g in got)
+    diagnosed = run_student_code(f"{name}(model)", _one_step, name, _BATCH, lab=lab,
+                                 timeout=timeout, hint="every rank must all_reduce the same "
+                                                       "parameters, in the same order.")
+    found = [_diagnosis(name, d["kinds"], d["calls"], n) for d in diagnosed]
+    lines = [f"weights after {_STEPS} SGD steps with {name}(model) are not DDP's on "
+             f"{plural(len(wrong), 'rank')} {', '.join(map(str, wrong))} (largest difference "
+             f"{gap:.3g}; allowed 1e-9)."]
+    if any(found) and len(set(found)) == 1:
+        lines.append(f"After {name}(model), {found[0]}")
+    elif any(found):
+        lines += [f"  rank {rank}: {why or 'its gradients hold the mean'}" for rank, why in enumerate(found)]
+    else:
+        lines.append("Hint: after backward(), every rank must hold the mean of all ranks' "
+                     "gradients: all_reduce each p.grad (SUM), then divide it by world_size, "
+                     "in place.")
+    raise AssertionError("\n".join(lines))
 
 
 def average_gradients(lab: Any = None, timeout: float = _TIMEOUT) -> None:
     """Check ``average_gradients(model)``: after it, every ``p.grad`` is the mean over ranks, as DDP's."""
     lab = lab_or_current(lab)
     got = _run("average_gradients", lab, timeout)
-    _same_as_ddp("average_gradients", got, lab.world_size)
+    _same_as_ddp("average_gradients", got, lab.world_size, lab, timeout)
     passed(f"{_STEPS} steps with average_gradients(model) end on DDP's weights, on every rank.")
 
 
@@ -111,7 +218,7 @@ def average_gradients_flat(lab: Any = None, timeout: float = _TIMEOUT) -> None:
     lab = lab_or_current(lab)
     n = lab.world_size
     got = _run("average_gradients_flat", lab, timeout)
-    _same_as_ddp("average_gradients_flat", got, n)
+    _same_as_ddp("average_gradients_flat", got, n, lab, timeout)
     params = got[0]["params"]
     compare(f"all_reduce calls per step, fewer than the model's {params} parameters",
             [True] * n, [g["calls"] < params for g in got],

@@ -22,14 +22,28 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._core import compare, deadlock, lab_or_current, passed, run_on_ranks, values_on_ranks
+from ._core import (
+    compare,
+    forbidding,
+    lab_or_current,
+    passed,
+    run_student_code,
+    swap_peer_calls,
+    values_on_ranks,
+)
 
 __all__ = ["all_gather_p2p", "neighbour_exchange", "ping_pong", "ring_token", "swap_tensors"]
 
 # (shape, dtype) of the inputs each function-checker tries: a scalar-like
 # vector, a longer one, a matrix, and integers (so a stray float() shows up).
 _CASES = [((1,), "float32"), ((5,), "float32"), ((2, 3), "float64"), ((4,), "int64")]
-_CHECK_TIMEOUT = 30.0
+_CHECK_TIMEOUT = 15.0            # a trial takes well under a second: longer is a deadlock
+_DEADLOCK_HINT = ("two blocking sends facing each other wait forever; post the receives before "
+                  "waiting (isend/irecv or batch_isend_irecv).")
+#: Collectives ``my_all_gather`` may not call: it builds all_gather from point-to-point calls.
+_COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce",
+                "broadcast", "gather", "scatter", "all_to_all", "all_to_all_single", "reduce",
+                "reduce_scatter", "reduce_scatter_tensor")
 
 
 def sample(case: int, rank: int) -> Any:
@@ -44,6 +58,49 @@ def sample(case: int, rank: int) -> Any:
     generator = torch.Generator().manual_seed(1000 * case + rank)
     values = torch.randint(-50, 50, shape, generator=generator) + 100 * (rank + 1)
     return values.to(getattr(torch, dtype))
+
+
+def _matching(case: int):
+    """A context manager: a send or receive of a tensor unlike this trial's inputs fails, named.
+
+    Every tensor on the wire in a trial has the input's dtype and size. gloo
+    does not check: a receive into a buffer of another dtype (``torch.zeros(3)``
+    for an int64 input) has another byte count, and the rank aborts with a
+    message about "a collective". So each send and receive checks first.
+    """
+    import contextlib
+
+    shape, dtype = _CASES[case]
+    numel = 1
+    for size in shape:
+        numel *= size
+
+    def matching(name, keyword, real):
+        def call(*args, **kwargs):
+            tensor = args[0] if args else kwargs.get("tensor")
+            kind = (str(getattr(tensor, "dtype", "?")).replace("torch.", ""),
+                    tensor.numel() if hasattr(tensor, "numel") else "?")
+            if kind != (dtype, numel):
+                role = "sends" if "send" in name else "receives into"
+                raise AssertionError(
+                    f"a dtype or size mismatch: dist.{name} {role} a tensor of {kind[0]}, "
+                    f"{kind[1]} element(s), but in this trial every rank's input is {dtype}, "
+                    f"{numel} element(s) (shape {list(shape)}). Point-to-point calls copy raw "
+                    f"bytes: the receive buffer must have the sender's dtype and size, or the "
+                    f"receiving rank crashes. Make buffers with torch.empty_like(t) and send t "
+                    f"itself (no .float(), no new torch.zeros(...)); then lab.restart(), since a "
+                    f"message already sent may be left unreceived, and check again.")
+            return real(*args, **kwargs)
+        return call
+
+    @contextlib.contextmanager
+    def guard():
+        undo = swap_peer_calls(matching)
+        try:
+            yield
+        finally:
+            undo()
+    return guard()
 
 
 def _what(name: str, case: int) -> str:
@@ -65,26 +122,23 @@ def _needs_world_size(lab: Any, checker: str, allowed: Callable[[int], bool], wa
 
 
 def _trials(trial: Callable, fn: Callable, lab: Any, timeout: float) -> list[list[Any]]:
-    """Run ``trial(fn, case)`` on every rank for each case; a deadlock becomes an AssertionError."""
-    from ddplab.errors import HangError
+    """Run ``trial(fn, case)`` on every rank for each case.
 
-    results = []
-    for case in range(len(_CASES)):
-        try:
-            results.append(run_on_ranks(trial, fn, case, lab=lab, timeout=timeout))
-        except HangError as exc:
-            what = _what(getattr(fn, "__name__", "your function"), case)
-            raise deadlock(what, exc, timeout, "two blocking sends facing each other wait "
-                           "forever; post the receives before waiting (isend/irecv or "
-                           "batch_isend_irecv).") from None
-    return results
+    A deadlock or an exception in the student's code becomes an AssertionError
+    (``run_student_code``), a deadlock after ``timeout`` seconds, with a hint.
+    """
+    return [run_student_code(_what(getattr(fn, "__name__", "your function"), case), trial, fn, case,
+                             lab=lab, timeout=timeout, hint=_DEADLOCK_HINT)
+            for case in range(len(_CASES))]
 
 
 # ------------------------------------------------------------------ ping_pong
 def _ping_pong_trial(fn: Callable, case: int) -> Any:
     import torch.distributed as dist
 
-    return fn(sample(case, dist.get_rank()))
+    x = sample(case, dist.get_rank())
+    with _matching(case):
+        return fn(x)
 
 
 def ping_pong(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
@@ -111,7 +165,8 @@ def _keep_input_trial(fn: Callable, case: int) -> list[Any]:
     import torch.distributed as dist
 
     t = sample(case, dist.get_rank())
-    answer = fn(t)
+    with _matching(case):
+        answer = fn(t)
     return [answer, t]
 
 
@@ -140,7 +195,8 @@ def _exchange_trial(fn: Callable, case: int) -> list[Any]:
     t = sample(case, dist.get_rank())
     everyone = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, t.clone())
-    answer = fn(t)
+    with _matching(case):
+        answer = fn(t)
     return [answer, t, everyone]
 
 
@@ -182,7 +238,8 @@ def _all_gather_trial(fn: Callable, case: int) -> list[Any]:
     dist.all_gather(expected, t.clone())
     # Filled with -1, so an entry the student never writes shows as -1, not as a lucky 0.
     got = [torch.full_like(t, -1) for _ in range(n)]
-    fn(got, t)
+    with forbidding(_COLLECTIVES, "my_all_gather", builds="all_gather"), _matching(case):
+        fn(got, t)
     return [got, expected, t]
 
 
@@ -191,6 +248,8 @@ def all_gather_p2p(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOU
 
     Like ``dist.all_gather``, ``fn`` fills the given output list in place:
     entry ``i`` becomes rank ``i``'s ``tensor``, on every rank; ``tensor`` is unchanged.
+    The exercise builds all_gather from send/recv, so during ``fn`` the collectives
+    (``dist.all_gather`` first) raise, naming the one called.
     """
     _needs_function(fn, "all_gather_p2p", "my_all_gather")
     lab = lab_or_current(lab)

@@ -10,7 +10,8 @@ The student traces a cell, reads the picture, and writes down what it shows:
 Each checker works the answer out again from the trace's own events (the
 given ``trace``, else the one that stopped last), never from a stored value:
 if the run changes, so does the right answer. A wrong answer raises an
-``AssertionError`` that shows, per rank, what the trace measured.
+``AssertionError`` that says why the answer is wrong (``who_waited`` without
+giving the right call away) and how to read the picture.
 """
 
 from __future__ import annotations
@@ -80,12 +81,24 @@ def who_waited(answer: Any, trace: Any = None) -> None:
                              f"got {answer!r}.")
     rank, op = answer
     if (rank, op) != (longest.rank, longest.op):
-        calls = "\n".join(f"  rank {e.rank}: {e.op} waited {_seconds(e.waited)}"
-                          for e in sorted(waits, key=lambda e: -e.waited)[:6])
-        raise AssertionError(f"({rank!r}, {op!r}) is not the call that waited longest. The "
-                             f"trace measured:\n{calls}\nHint: waiting is the hatched part of "
-                             f"a box; the longest hatching is the answer.")
+        raise AssertionError(f"({rank!r}, {op!r}) is not the call that waited longest: "
+                             f"{_why_not(trace, rank, op)}\nHint: waiting is the hatched part of "
+                             f"a box; find the longest hatching, then its rank (the lane) and "
+                             f"its op (the label; a wait() is \"wait\").")
     passed(f"{longest.op} on rank {longest.rank} waited longest, for the other rank.")
+
+
+def _why_not(trace: Any, rank: Any, op: Any) -> str:
+    """Why ``(rank, op)`` is wrong, without giving away the right call or its time."""
+    if rank not in trace.ranks:
+        return f"the trace has ranks {', '.join(map(str, trace.ranks))}, and no rank {rank!r}."
+    ops = sorted({e.op for e in trace.on(rank)})
+    if op not in ops:
+        return (f"rank {rank} made no {op!r} call in this trace; it made "
+                f"{', '.join(repr(o) for o in ops) or 'none'}.")
+    if not any(e.waited > 0 for e in trace.on(rank) if e.op == op):
+        return f"{op} on rank {rank} did not wait for the other rank at all in this trace."
+    return f"{op} on rank {rank} waited, but another call waited longer."
 
 
 def ddp_all_reduces(answer: Any, trace: Any = None) -> None:

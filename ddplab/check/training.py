@@ -27,12 +27,22 @@ import shutil
 import tempfile
 from typing import Any
 
-from ._core import compare, lab_or_current, passed, require_function, run_on_ranks, run_student_code
+from ..text import plural
+from ._core import (
+    compare,
+    deadlock,
+    lab_or_current,
+    passed,
+    require_function,
+    run_on_ranks,
+    run_student_code,
+    warm_up_ddp,
+)
 
 __all__ = ["epoch_loader", "global_accuracy", "save_checkpoint", "train_uneven", "wrap_model"]
 
 _MISSING = "<no such function on this rank>"
-_TIMEOUT = 60.0
+_TIMEOUT = 15.0            # each of these exercises takes about a second: longer is a deadlock
 #: The dataset the sampler checker hands to ``epoch_loader``: sample i is the number i.
 #: 24 splits evenly over 1, 2, 3, 4, 6, 8 and 12 ranks, so no rank gets padding.
 _SAMPLES = 24
@@ -40,6 +50,7 @@ _SAMPLES = 24
 
 def _student(name: str, lab: Any, fn, *args: Any) -> list[Any]:
     """Run ``fn(student_function, *args)`` on every rank; turn every failure into an AssertionError."""
+    warm_up_ddp(lab)
     got = run_student_code(f"{name}(...)", _with_function, name, fn, *args, lab=lab,
                            timeout=_TIMEOUT, hint="every rank must make the same collective "
                                                   "calls, a barrier included.")
@@ -56,6 +67,14 @@ def _with_function(name: str, fn, *args: Any) -> Any:
 
 
 # ----------------------------------------------------------------- wrap_model
+#: Reading ``ddp_model`` takes milliseconds; a rank busy longer is stuck in DDP's constructor.
+_WRAP_TIMEOUT = 15.0
+_DDP_IS_A_COLLECTIVE = (
+    "DDP(model) is itself a collective: the constructor checks that every rank's parameters "
+    "have the same shapes and broadcasts rank 0's weights to all, so it returns only once every "
+    "rank has called it; made on one rank alone it waits for the others for ever. Construct it "
+    "on every rank at once: a %%ranks cell, not %%rank 0 and not under `if rank == 0:`.")
+
 def _describe_wrapping() -> dict:
     """On a rank: what ``ddp_model`` is, and a fingerprint of its weights."""
     import torch
@@ -83,9 +102,22 @@ def wrap_model(lab: Any = None) -> None:
     """Check ``ddp_model``: ``model`` wrapped in DDP, placed right, with rank 0's weights everywhere."""
     import torch
 
+    from ddplab.errors import HangError
+
     lab = lab_or_current(lab)
     n = lab.world_size
-    got = run_on_ranks(_describe_wrapping, lab=lab)
+    try:
+        got = run_on_ranks(_describe_wrapping, lab=lab, timeout=_WRAP_TIMEOUT)
+    except HangError as exc:
+        raise deadlock("reading ddp_model", exc, _WRAP_TIMEOUT,
+                       "a rank is still inside DDP(model). " + _DDP_IS_A_COLLECTIVE) from None
+    missing = [rank for rank, g in enumerate(got) if isinstance(g, str) and g == _MISSING]
+    if missing and len(missing) < n:
+        has = [rank for rank in range(n) if rank not in missing]
+        raise AssertionError(
+            f"ddp_model exists on {plural(len(has), 'rank')} {', '.join(map(str, has))} but not on "
+            f"{plural(len(missing), 'rank')} {', '.join(map(str, missing))}: DDP was constructed "
+            f"on some ranks only. {_DDP_IS_A_COLLECTIVE} If a rank is stuck, lab.restart() first.")
     require_function(got, "ddp_model", _MISSING, kind="variable", verb="makes")
     compare("type(ddp_model).__name__", ["DistributedDataParallel"] * n, [g["type"] for g in got],
             hint="ddp_model = DDP(model, device_ids=...), with "
@@ -302,6 +334,7 @@ def train_uneven(lab: Any = None) -> None:
     ``torch.distributed.algorithms.Join``.
     """
     lab = lab_or_current(lab)
+    warm_up_ddp(lab)
     got = run_student_code(
         "train_uneven(...)", _with_function, "train_uneven", _uneven_answers, lab=lab,
         timeout=_UNEVEN_TIMEOUT,

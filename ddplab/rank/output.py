@@ -38,6 +38,30 @@ KEEP_HEAD = 512 * 1024
 KEEP_TAIL = 512 * 1024
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def settled(data: dict) -> dict | None:
+    """A display as it stands when the cell ends: a widget's final state, as text.
+
+    A widget shown on a rank (``tqdm.auto`` picks ``tqdm.notebook``'s bar there)
+    lives on the rank: the notebook cannot draw it, and the text it was
+    displayed with is its first state ("0/20"). So it is shown as its current
+    text instead (tqdm's bar as it ended); a widget closed since (tqdm's
+    ``leave=False``) is shown as nothing, as in a notebook.
+    """
+    view = data.get(WIDGET_VIEW)
+    if not isinstance(view, dict):
+        return data
+    module = sys.modules.get("ipywidgets.widgets.widget")
+    instances = getattr(module, "_instances", None) or {}
+    widget = instances.get(view.get("model_id"))
+    if widget is None:
+        return None
+    from IPython.lib.pretty import pretty
+    return {"text/plain": pretty(widget)}
+
+
 class OutputRecorder:
     """Collects a cell's output as an ordered list of events, in time linear in its size.
 
@@ -155,7 +179,9 @@ class OutputRecorder:
         events: list[tuple] = []
         for item in items:
             if item[0] == "display":
-                events.append(tuple(item))
+                data = settled(item[1])
+                if data is not None:
+                    events.append(("display", data, item[2]))
                 continue
             text = "".join(item[1])
             if not text:

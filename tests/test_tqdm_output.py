@@ -1,0 +1,35 @@
+"""A tqdm.auto bar in a rank cell ends, in the stored output, at its final state (issue 30)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddplab.rank import output
+
+pytestmark = pytest.mark.slow
+
+
+def test_settled_leaves_ordinary_displays_alone():
+    data = {"text/plain": "x", "text/html": "<b>x</b>"}
+    assert output.settled(data) is data
+
+
+def test_settled_drops_a_widget_that_is_gone():
+    assert output.settled({output.WIDGET_VIEW: {"model_id": "no-such-model"},
+                           "text/plain": "  0%|          | 0/20"}) is None
+
+
+BAR = """
+from tqdm.auto import tqdm
+for _ in tqdm(range(20), bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}"):
+    pass
+"""
+
+
+def test_a_tqdm_auto_bar_on_a_rank_is_replayed_at_its_end(fresh_lab, capsys):
+    fresh_lab.run_cell(BAR)
+    out = capsys.readouterr().out
+    for rank in (0, 1):
+        assert f"[rank {rank}]" in out
+    assert out.count("20/20") == 2, out
+    assert "0/20" not in out.replace("20/20", ""), out
