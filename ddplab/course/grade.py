@@ -52,7 +52,8 @@ from pathlib import Path
 import nbformat
 
 from .. import procs
-from . import grade_plan
+from . import grade_plan, outputs
+from .outputs import Journal
 from .grade_plan import GradeError, Mark, check_reference, load_submission, plan
 from .grade_run import execute, sanitize_patterns
 from .release import notebooks_in
@@ -136,10 +137,13 @@ def default_jobs(available: int | None = None, cores: int | None = None) -> int:
 
 
 def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None = None,
-          cell_timeout: float = DEFAULT_CELL_TIMEOUT, progress=None) -> list[Grade]:
+          cell_timeout: float = DEFAULT_CELL_TIMEOUT, progress=None,
+          journal: Journal | None = None) -> list[Grade]:
     """Grade every submission (files, or folders of them) in parallel; one Grade each, in order.
 
     ``progress``, if given, is called with each Grade as it finishes.
+    ``journal``, if given, records each one as it finishes, and the
+    submissions it already holds are not graded again (``--resume``).
     """
     reference = Path(reference)
     if not reference.exists():
@@ -159,11 +163,20 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
         check_reference(ref)               # an unusable reference stops everything, now
         work.append((path, ref, ""))
     jobs = max(1, min(jobs or default_jobs(), len(work)))
+    finished = journal.done() if journal is not None else {}
 
     def one(item, env: dict) -> Grade:
         path, ref, error = item
-        result = (Grade(student_name(path, names), path.stem, str(path), error=error) if ref is None
-                  else _in_worker(path, ref, student_name(path, names), cell_timeout, env))
+        entry = outputs.key(path, ref or path) if journal is not None else ""
+        if entry in finished:
+            data = dict(finished[entry], marks=[Mark(**m) for m in finished[entry]["marks"]])
+            result = Grade(**data)
+        else:
+            result = (Grade(student_name(path, names), path.stem, str(path), error=error)
+                      if ref is None else
+                      _in_worker(path, ref, student_name(path, names), cell_timeout, env))
+            if journal is not None:
+                journal.record(entry, result)
         if progress:
             progress(result)
         return result
