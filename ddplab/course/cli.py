@@ -150,6 +150,15 @@ def grade(args) -> int:
     except (GradeError, FileNotFoundError) as e:   # ordinary mistakes: one line, exit 2
         print(e, file=sys.stderr)
         return 2
+    from ddplab import procs
+    from ddplab.course import sandbox
+    # Whatever a worker leaves when a submission kills it comes to us, not to
+    # init, and is ended before we exit.
+    procs.become_subreaper()
+    unsafe = sandbox.unavailable_reason()
+    if unsafe:
+        print(f"ddplab grade: grading WITHOUT a sandbox ({unsafe}): submissions run with your "
+              f"rights and can read your files and find this process.", file=sys.stderr, flush=True)
     begin = time.perf_counter()
     try:
         grades = run(args.submissions, args.reference, jobs=jobs, cell_timeout=timeout,
@@ -166,6 +175,7 @@ def grade(args) -> int:
         outputs.write_atomically(args.junit, report.to_junit(grades))
     if journal is not None:
         journal.finish()
+    procs.end_descendants(grace=1)
     return 0 if all(not g.error and g.score == len(g.marks) for g in grades) else 1
 
 

@@ -24,9 +24,9 @@ calls ``Popen`` or signals a process.
 from __future__ import annotations
 
 from .group import Exit, Group, Results, run
-from .reaper import become_subreaper, end_descendants
+from .reaper import become_subreaper, end_descendants, hide_memory
 from .tree import END_GRACE_S, KILL_WAIT_S, Member, Tree, alive, descendants, end_tree, process, send, start
 
 __all__ = ["END_GRACE_S", "Exit", "Group", "KILL_WAIT_S", "Member", "Results", "Tree", "alive",
-           "become_subreaper", "descendants", "end_descendants", "end_tree", "process", "run",
-           "send", "start"]
+           "become_subreaper", "descendants", "end_descendants", "end_tree", "hide_memory", "process",
+           "run", "send", "start"]

@@ -19,18 +19,29 @@ from .tree import end_tree, descendants
 
 log = logging.getLogger(__name__)
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(option, value, 0, 0, 0) == 0:
+            return True
+        log.debug("ddplab: prctl(%d, %d) failed: errno %d", option, value, ctypes.get_errno())
+    except (OSError, AttributeError):
+        log.debug("ddplab: no prctl here", exc_info=True)
+    return False
 
 
 def become_subreaper() -> bool:
     """Make this process inherit its descendants' orphans; whether the OS allowed it (Linux only)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
-            return True
-        log.debug("ddplab: prctl(PR_SET_CHILD_SUBREAPER) failed: errno %d", ctypes.get_errno())
-    except (OSError, AttributeError):
-        log.debug("ddplab: no prctl here", exc_info=True)
-    return False
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def hide_memory() -> bool:
+    """Make this process non-dumpable: a process of the same user (a submission's kernel)
+    can no longer ptrace it or read its memory and open files through /proc."""
+    return _prctl(PR_SET_DUMPABLE, 0)
 
 
 def end_descendants(grace: float = 1.0) -> list:
