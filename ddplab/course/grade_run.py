@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import secrets
 from collections import defaultdict
 from dataclasses import dataclass, field
 from importlib import resources
@@ -48,6 +49,65 @@ def _ddplab_grade_probe():
     return "ok" if lab is None or not lab.running or lab.healthy else "broken"
 print("ddplab-probe:", _ddplab_grade_probe())
 del _ddplab_grade_probe"""
+
+
+# Run first in every kernel, before any cell of the submission: keeps the
+# streams and print that a check's verdict goes through.
+SAVE_STREAMS = """\
+import sys as _s, builtins as _b, types as _t
+_m = _t.ModuleType("_ddplab_grade_saved")
+_m.stdout, _m.stderr, _m.print = _s.stdout, _s.stderr, _b.print
+_s.modules["_ddplab_grade_saved"] = _m
+del _s, _b, _t, _m"""
+# A check cell, as the grader runs it: with the streams and print saved above
+# put back, ``ddplab`` and ``ddplab.check`` imported afresh from their files
+# (a replaced, wrapped or re-coded checker, or a fake ``ddplab`` in the
+# notebook's namespace, is not what runs), and a verdict line carrying a
+# nonce the grader drew for this cell alone. Only that line with that nonce
+# earns the point; it is removed before outputs are compared.
+CHECK = """\
+def _ddplab_grade_check(source, nonce):
+    import builtins, sys
+    saved = sys.modules.get("_ddplab_grade_saved")
+    if saved is not None:
+        sys.stdout, sys.stderr, builtins.print = saved.stdout, saved.stderr, saved.print
+    for name in [n for n in list(sys.modules)
+                 if n in ("ddplab", "ddplab.check") or n.startswith("ddplab.check.")]:
+        del sys.modules[name]
+    import ddplab
+    import ddplab.check
+    namespace = dict(get_ipython().user_ns)
+    namespace["ddplab"] = ddplab
+    try:
+        exec(compile(source, "<check cell>", "exec"), namespace)
+    except BaseException:
+        sys.stdout.write("ddplab-verdict %s fail\\n" % nonce)
+        raise
+    sys.stdout.write("ddplab-verdict %s pass\\n" % nonce)
+_ddplab_grade_check({source!r}, {nonce!r})"""
+VERDICT = re.compile(r"^ddplab-verdict (\S+) (pass|fail)\n?", re.M)
+
+
+def guarded_check(source: str, nonce: str) -> str:
+    """The source the grader runs for a check cell (``CHECK``)."""
+    return CHECK.format(source=source, nonce=nonce)
+
+
+def verdict(outputs: list, nonce: str) -> tuple[str, list]:
+    """('pass', 'fail' or '' if no line carried ``nonce``) and the outputs without verdict lines."""
+    found, kept = "", []
+    for out in outputs:
+        if out.get("output_type") == "stream":
+            text = out.get("text", "")
+            for match in VERDICT.finditer(text):
+                if match.group(1) == nonce and not found:
+                    found = match.group(2)
+            text = VERDICT.sub("", text)
+            if text:
+                kept.append(dict(out, text=text))
+            continue
+        kept.append(out)
+    return found, kept
 
 
 @dataclass
@@ -158,6 +218,7 @@ class Kernel:
         self.client.km = self.client.create_kernel_manager()
         self.client.start_new_kernel()
         self.client.start_new_kernel_client()
+        self.run(SAVE_STREAMS)
 
     def run(self, source: str) -> tuple[str, list, str]:
         """Run cell source; return (status, outputs, reason)."""
@@ -206,7 +267,16 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float) -> None:
             if step.skip:
                 step.status = "ok"
                 continue
-            step.status, step.outputs, step.error = kernel.run(step.source)
+            if step.role == "check":
+                nonce = secrets.token_hex(16)
+                step.status, outputs, step.error = kernel.run(guarded_check(step.source, nonce))
+                said, step.outputs = verdict(outputs, nonce)
+                if step.status == "ok" and said != "pass":
+                    step.status = "error"
+                    step.error = ("the check did not say it passed: its output was tampered "
+                                  "with, or it never finished")
+            else:
+                step.status, step.outputs, step.error = kernel.run(step.source)
             if step.status != "ok" and step.role in ("exercise", "check"):
                 failed.add(step.name)
             if step.status == "error" and step.expect_error and step.role == "other":
