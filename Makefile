@@ -33,6 +33,7 @@ lab-reference: install
 # root, as on CI), and required, so a machine without it fails rather than skips.
 test: install
 	bash tools/ensure_chromium.sh
+	bash tools/ensure_sandbox.sh
 	DDPLAB_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests notebooks --nbval --nbval-cell-timeout=300 \
 		--nbval-sanitize-with ddplab/course/nbval_sanitize.cfg
 
