@@ -35,6 +35,7 @@ from importlib import resources
 import nbformat
 
 from .. import procs
+from .grade_check import SAVE_STREAMS, guarded_check, verdict
 
 log = logging.getLogger(__name__)
 # Output fields that never match run to run; nbval skips the same ones
@@ -49,65 +50,6 @@ def _ddplab_grade_probe():
     return "ok" if lab is None or not lab.running or lab.healthy else "broken"
 print("ddplab-probe:", _ddplab_grade_probe())
 del _ddplab_grade_probe"""
-
-
-# Run first in every kernel, before any cell of the submission: keeps the
-# streams and print that a check's verdict goes through.
-SAVE_STREAMS = """\
-import sys as _s, builtins as _b, types as _t
-_m = _t.ModuleType("_ddplab_grade_saved")
-_m.stdout, _m.stderr, _m.print = _s.stdout, _s.stderr, _b.print
-_s.modules["_ddplab_grade_saved"] = _m
-del _s, _b, _t, _m"""
-# A check cell, as the grader runs it: with the streams and print saved above
-# put back, ``ddplab`` and ``ddplab.check`` imported afresh from their files
-# (a replaced, wrapped or re-coded checker, or a fake ``ddplab`` in the
-# notebook's namespace, is not what runs), and a verdict line carrying a
-# nonce the grader drew for this cell alone. Only that line with that nonce
-# earns the point; it is removed before outputs are compared.
-CHECK = """\
-def _ddplab_grade_check(source, nonce):
-    import builtins, sys
-    saved = sys.modules.get("_ddplab_grade_saved")
-    if saved is not None:
-        sys.stdout, sys.stderr, builtins.print = saved.stdout, saved.stderr, saved.print
-    for name in [n for n in list(sys.modules)
-                 if n in ("ddplab", "ddplab.check") or n.startswith("ddplab.check.")]:
-        del sys.modules[name]
-    import ddplab
-    import ddplab.check
-    namespace = dict(get_ipython().user_ns)
-    namespace["ddplab"] = ddplab
-    try:
-        exec(compile(source, "<check cell>", "exec"), namespace)
-    except BaseException:
-        sys.stdout.write("ddplab-verdict %s fail\\n" % nonce)
-        raise
-    sys.stdout.write("ddplab-verdict %s pass\\n" % nonce)
-_ddplab_grade_check({source!r}, {nonce!r})"""
-VERDICT = re.compile(r"^ddplab-verdict (\S+) (pass|fail)\n?", re.M)
-
-
-def guarded_check(source: str, nonce: str) -> str:
-    """The source the grader runs for a check cell (``CHECK``)."""
-    return CHECK.format(source=source, nonce=nonce)
-
-
-def verdict(outputs: list, nonce: str) -> tuple[str, list]:
-    """('pass', 'fail' or '' if no line carried ``nonce``) and the outputs without verdict lines."""
-    found, kept = "", []
-    for out in outputs:
-        if out.get("output_type") == "stream":
-            text = out.get("text", "")
-            for match in VERDICT.finditer(text):
-                if match.group(1) == nonce and not found:
-                    found = match.group(2)
-            text = VERDICT.sub("", text)
-            if text:
-                kept.append(dict(out, text=text))
-            continue
-        kept.append(out)
-    return found, kept
 
 
 @dataclass
