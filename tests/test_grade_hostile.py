@@ -191,3 +191,26 @@ def test_an_interrupted_run_resumes_from_its_journal(tmp_path):
     assert rows["stub"]["reasons"] == "mean-score: from the journal"      # not graded again
     assert "no variable `mean_score`" in rows["write_outside"]["reasons"]   # graded now
     assert not (tmp_path / "grades.csv.journal").exists()
+
+
+def test_without_a_sandbox_grading_says_so_and_still_ends_what_a_submission_left(tmp_path):
+    """No bwrap (here: DDPLAB_SANDBOX=0): one line says so; the worker, a subreaper, still ends
+    the double-forked setsid daemon that ignores SIGTERM."""
+    reference = tmp_path / "00_setup.ipynb"
+    nbformat.write(attacks.reference(), reference)
+    marker = f"ddplab-hostile-{uuid.uuid4().hex}"
+    (tmp_path / "daemon").mkdir()
+    (tmp_path / "daemon" / "00_setup.ipynb").write_text(attacks.submission(
+        "setsid_daemon", marker=marker, reference="/nowhere", other="/nowhere",
+        csv=str(tmp_path / "grades.csv")))
+    result = subprocess.run(
+        [sys.executable, "-m", "ddplab.course.cli", "grade", str(tmp_path / "daemon"),
+         "--reference", str(reference), "--csv", str(tmp_path / "grades.csv"),
+         "--cell-timeout", str(CELL_TIMEOUT)],
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, DDPLAB_SANDBOX="0"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    warning = [line for line in result.stderr.splitlines() if "WITHOUT a sandbox" in line]
+    assert len(warning) == 1 and "DDPLAB_SANDBOX=0" in warning[0], result.stderr
+    assert _survivors(marker) == []
+    time.sleep(8)                # the daemon meant to write its grade 5 s in
+    assert "pwned" not in (tmp_path / "grades.csv").read_text()
