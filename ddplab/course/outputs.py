@@ -92,7 +92,10 @@ def journal_for(targets: list[Path], resume: bool = False) -> "Journal | None":
 
 def key(submission: Path, reference: Path) -> str:
     """What a journal entry is for: the submission's content and the reference's path."""
-    digest = hashlib.sha256(Path(submission).read_bytes()).hexdigest()
+    try:
+        digest = hashlib.sha256(Path(submission).read_bytes()).hexdigest()
+    except OSError:
+        digest = "unreadable"          # graded (as unreadable) again on --resume
     return f"{digest}:{Path(reference).resolve()}:{Path(submission).resolve()}"
 
 
