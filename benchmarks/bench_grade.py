@@ -26,6 +26,22 @@ go much below 85 s. Of a run's CPU, the kernel (its start and ``import
 torch``) is about 2.5 s, the grading process 2.3 s, two controllers 1.7 s and
 the engines about 1.5 s; the template's import of torch (about 2 s) is now
 paid once per class instead of once per submission.
+
+The cost of the sandbox (issue 27, goal under 10 % slower):
+``bench_grade.py --compare-sandbox 2 -n 10`` grades the class alternately
+with ``DDPLAB_SANDBOX=0`` and with bubblewrap. Measured 2026-11-25 on the
+2-core machine shared with four other agents (load average 13 to 19 at the
+starts, so single runs vary by 10 %), notebook 01, 10 submissions:
+
+    unsandboxed  143.7 s, 132.8 s   (mean 138.2 s)
+    sandboxed    133.8 s, 114.0 s   (mean 123.9 s)   -10 %: goal met
+
+A sandboxed submission pays its own engine template (one more ``import
+torch``, about 2 s of CPU) and bwrap's start (milliseconds), and saves the
+round trips to the class's shared template; under this load the difference
+is within the noise. Only wall time is compared: the CPU of a sandbox's
+processes is reaped inside its pid namespace and does not reach our
+``RUSAGE_CHILDREN`` (unsandboxed, the class used about 84 s of CPU).
 """
 
 from __future__ import annotations
@@ -104,11 +120,12 @@ def compare(reference: Path, count: int, jobs: int | None, rounds: int) -> None:
                 ran["result"].stdout[-2000:] + ran["result"].stderr[-2000:]
             runs[sandboxed].append(ran)
             print(f"{'sandboxed  ' if sandboxed else 'unsandboxed'}  wall {ran['wall']:6.1f} s  "
-                  f"cpu {ran['cpu']:6.1f} s  load at start {ran['load']:.1f}", flush=True)
-    mean = lambda key, s: sum(r[key] for r in runs[s]) / len(runs[s])   # noqa: E731
-    for key in ("wall", "cpu"):
-        off, on = mean(key, False), mean(key, True)
-        print(f"{key:5} without {off:6.1f} s, with {on:6.1f} s: {100 * (on - off) / off:+.0f} %")
+                  f"load at start {ran['load']:.1f}", flush=True)
+    # Wall time only: the CPU of a sandbox's processes is not counted in our
+    # RUSAGE_CHILDREN (they are reaped inside their pid namespace).
+    off, on = (sum(r["wall"] for r in runs[s]) / len(runs[s]) for s in (False, True))
+    print(f"wall  without {off:6.1f} s, with {on:6.1f} s: {100 * (on - off) / off:+.0f} % "
+          f"(goal < +10 %)")
 
 
 def main() -> None:
@@ -130,7 +147,8 @@ def main() -> None:
     print(f"submissions   {args.n} ({full} with full marks, expected {args.n - args.n // 5})")
     print(f"jobs          {args.jobs or default_jobs()} on {os.cpu_count()} cores, "
           f"load average at start {load:.1f}")
-    print(f"sandbox       {'yes' if ran['sandbox'] else 'no'}; cpu {ran['cpu']:.0f} s")
+    print(f"sandbox       {'yes' if ran['sandbox'] else 'no'}"
+          + ("" if ran["sandbox"] else f"; cpu {ran['cpu']:.0f} s"))
     print(f"wall time     {elapsed:.0f} s ({elapsed / args.n:.1f} s per submission); "
           f"goal < {GOAL_S} s: {'met' if elapsed < GOAL_S else 'NOT met'}")
     if full != args.n - args.n // 5:
