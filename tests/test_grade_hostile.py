@@ -103,7 +103,7 @@ def test_each_attack_scores_what_its_work_deserves(graded, name):
 
 
 @pytest.mark.xfail(strict=True, reason="known gap, in the README: code in the kernel that "
-                   "changes what the checker relies on (torch, the import system) still forges")
+                   "changes what the checker relies on beyond what is put back (Lab.run) still forges")
 @pytest.mark.parametrize("name", list(attacks.KNOWN_GAPS))
 def test_known_gaps_still_forge_a_point(graded, name):
     assert int(_rows(graded)[name]["score"]) == attacks.KNOWN_GAPS[name][1]

@@ -229,14 +229,21 @@ ATTACKS = {
     "setup_times_out": (_setup_times_out, 0),
 }
 
-# Attacks that still earn the point (the README says so): code in the kernel
-# that changes what the checker's own code relies on. Graded in the same run;
-# their tests are strict xfails, so a fix shows.
-KNOWN_GAPS = {
+ATTACKS.update({
+    # what the checker computes with, patched in the kernel: put back before the check
     "patched_torch": (_before_check(
-        "import torch\ntorch.allclose = lambda *a, **k: True",
+        "import torch\ntorch.allclose = lambda *a, **k: True\n"
+        "torch.Tensor.__eq__ = lambda *a, **k: True",
         exercise="%%ranks\nmean_score = torch.tensor([0.0])"), 0),
     "import_hook": (_before_check(IMPORT_HOOK), 0),
+})
+
+# Attacks that still earn the point (the README says so): code in the kernel
+# that changes what the checker relies on beyond what the grader puts back.
+# Graded in the same run; their tests are strict xfails, so a fix shows.
+KNOWN_GAPS = {
+    "patched_lab_run": (_before_check(
+        "import torch\ntype(lab).run = lambda self, fn, *a, **k: [torch.tensor([13 / 6])] * 2"), 0),
 }
 ATTACKS.update(KNOWN_GAPS)
 
