@@ -42,6 +42,12 @@ round trips to the class's shared template; under this load the difference
 is within the noise. Only wall time is compared: the CPU of a sandbox's
 processes is reaped inside its pid namespace and does not reach our
 ``RUSAGE_CHILDREN`` (unsandboxed, the class used about 84 s of CPU).
+
+The whole cost of issue 27 (sandbox, subreapers, the check guard that imports
+torch at each kernel's start): the same class, ``-n 10``, with the code
+before it (commit 1c6316c, run from an exported tree) and after, alternately,
+2026-11-25, load average 5 to 13: before 88 s and 89 s, after 85 s and 89 s
+(mean 88.5 s before, 87.0 s after: -2 %, goal under +10 % met).
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ What can go wrong in a cell, and what happens:
 - it runs past the per-cell timeout (an infinite loop): the kernel is killed
   and recovered.
 - the kernel dies (a crash, ``os._exit``), or an engine dies: recovered.
+- it tries to forge a check (replaces a checker, patches ``print``, prints
+  a ``Correct`` line): check cells run through ``ddplab.course.grade_check``'s
+  guard and earn the point only by its verdict.
 
 Recovering means: kill the kernel (its lab's engines and controller exit with
 it, see ``ddplab.rank.guard``), start a new one, and replay the cells before the
