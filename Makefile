@@ -34,6 +34,7 @@ lab-reference: install
 test: install
 	bash tools/ensure_chromium.sh
 	bash tools/ensure_hosts.sh $(BIN)/python
+	bash tools/ensure_sandbox.sh
 	DDPLAB_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests notebooks --nbval --nbval-cell-timeout=300 \
 		--nbval-sanitize-with ddplab/course/nbval_sanitize.cfg
 

@@ -50,3 +50,26 @@ def test_grading_runs_twice_the_cores_at_once_as_far_as_memory_allows():
     assert default_jobs(available=64 * 2**30, cores=2) == 8
     assert default_jobs(available=3 * SUBMISSION_MEMORY_BYTES, cores=2) == 3
     assert default_jobs(available=SUBMISSION_MEMORY_BYTES // 2, cores=8) == 1
+
+
+@pytest.mark.parametrize("options, words", [
+    (["--cell-timeout", "-1"], "--cell-timeout -1.0 is not a positive number"),
+    (["--cell-timeout", "0"], "--cell-timeout 0.0 is not a positive number"),
+    (["--cell-timeout", "nan"], "--cell-timeout nan is not a positive number"),
+    (["--jobs", "0"], "--jobs 0 is not a positive number"),
+    (["--csv", "{tmp}/missing/grades.csv"], "does not exist"),
+    (["--csv", "{tmp}"], "is a folder"),
+    (["--junit", "{tmp}/00_setup.ipynb"], "would overwrite a notebook"),
+    (["--csv", "/proc/grades.csv"], "cannot be written"),
+    (["--resume"], "--resume needs --csv or --junit"),
+    (["--resume", "--csv", "{tmp}/grades.csv"], "found no journal"),
+])
+def test_grade_checks_its_options_and_outputs_before_grading(tmp_path, options, words):
+    (tmp_path / "00_setup.ipynb").write_text("{}")
+    options = [o.format(tmp=tmp_path) for o in options]
+    result = _cli("grade", str(tmp_path / "00_setup.ipynb"), "--reference", str(tmp_path),
+                  *options)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], lines
+    assert not list(tmp_path.glob("*.csv*"))          # nothing was graded, nothing written

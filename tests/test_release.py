@@ -91,3 +91,21 @@ def test_a_bad_notebook_stops_the_release_before_anything_is_written(tmp_path):
                              "-o", str(tmp_path / "release")], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2 and "would be released" in result.stderr
+
+
+def test_release_refuses_to_write_over_its_input_or_any_reference(tmp_path):
+    course = nbformat.read(ROOT / "notebooks" / "00_setup.ipynb", as_version=4)
+    nbformat.write(course, tmp_path / "00_setup.ipynb")
+    before = (tmp_path / "00_setup.ipynb").read_bytes()
+    result = subprocess.run([sys.executable, "-m", "ddplab.course.cli", "release",
+                             str(tmp_path / "00_setup.ipynb"), "-o", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2 and "would destroy its solutions" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "00_setup.ipynb").read_bytes() == before
+    # a reference copy already in the output folder is not overwritten either
+    (tmp_path / "course").mkdir()
+    nbformat.write(course, tmp_path / "course" / "00_setup.ipynb")
+    with pytest.raises(ReleaseError, match="already holds a notebook with solutions"):
+        release([tmp_path / "course" / "00_setup.ipynb"], tmp_path)
+    assert (tmp_path / "00_setup.ipynb").read_bytes() == before

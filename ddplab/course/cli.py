@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds a cell may run before it is stopped (default 120)")
     gr.add_argument("--csv", help="also write the grades as CSV to this file")
     gr.add_argument("--junit", help="also write JUnit XML (one test case per exercise) to this file")
+    gr.add_argument("--resume", action="store_true",
+                    help="keep the results an interrupted run with the same --csv/--junit "
+                         "journalled, and grade only the submissions it had not finished")
     nbs = sub.add_parser("notebooks", help="copy the course notebooks that ship with ddplab; "
                                            "notebooks already in DEST are kept, never overwritten")
     nbs.add_argument("dest", help="folder to copy them into")
@@ -125,33 +128,54 @@ def release(args) -> int:
 
 def grade(args) -> int:
     """Grade, print the table, write CSV/JUnit; exit 0 if every exercise passed, else 1."""
-    from ddplab.course import report
+    from ddplab.course import outputs, report
     from ddplab.course.grade import DEFAULT_CELL_TIMEOUT, GradeError, grade as run
 
     def progress(g) -> None:
         done = g.error or f"{g.score}/{len(g.marks)} in {g.seconds:.0f} s"
         print(f"graded {g.student} ({g.notebook}): {done}", file=sys.stderr, flush=True)
 
-    timeout = args.cell_timeout if args.cell_timeout else DEFAULT_CELL_TIMEOUT
     if args.reference is None:
         from ddplab.course.notebooks import reference_dir
         args.reference = str(reference_dir())
+    try:
+        # Every mistake in the command line is found now, not after the class was graded.
+        timeout = outputs.positive("--cell-timeout", args.cell_timeout, DEFAULT_CELL_TIMEOUT,
+                                   f"the default, {DEFAULT_CELL_TIMEOUT:g} s")
+        jobs = outputs.positive("--jobs", args.jobs, None, "four per core, as memory allows")
+        inputs = [*args.submissions, args.reference]
+        targets = [outputs.writable(option, path, inputs)
+                   for option, path in (("--csv", args.csv), ("--junit", args.junit)) if path]
+        journal = outputs.journal_for(targets, resume=args.resume)
+    except (GradeError, FileNotFoundError) as e:   # ordinary mistakes: one line, exit 2
+        print(e, file=sys.stderr)
+        return 2
+    from ddplab import procs
+    from ddplab.course import sandbox
+    # Whatever a worker leaves when a submission kills it comes to us, not to
+    # init, and is ended before we exit.
+    procs.become_subreaper()
+    unsafe = sandbox.unavailable_reason()
+    if unsafe:
+        print(f"ddplab grade: grading WITHOUT a sandbox ({unsafe}): submissions run with your "
+              f"rights and can read your files and find this process.", file=sys.stderr, flush=True)
     begin = time.perf_counter()
     try:
-        grades = run(args.submissions, args.reference, jobs=args.jobs, cell_timeout=timeout,
-                     progress=progress)
-    except (GradeError, FileNotFoundError) as e:   # ordinary mistakes: one line, exit 2
+        grades = run(args.submissions, args.reference, jobs=jobs, cell_timeout=timeout,
+                     progress=progress, journal=journal)
+    except (GradeError, FileNotFoundError) as e:
         print(e, file=sys.stderr)
         return 2
     print(report.table(grades), end="")
     took = time.perf_counter() - begin
     print(f"\n{len(grades)} {plural(len(grades), 'submission')} graded in {took:.0f} s")
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            f.write(report.to_csv(grades))
+        outputs.write_atomically(args.csv, report.to_csv(grades))
     if args.junit:
-        with open(args.junit, "w") as f:
-            f.write(report.to_junit(grades))
+        outputs.write_atomically(args.junit, report.to_junit(grades))
+    if journal is not None:
+        journal.finish()
+    procs.end_descendants(grace=1)
     return 0 if all(not g.error and g.score == len(g.marks) for g in grades) else 1
 
 

@@ -35,6 +35,14 @@ submissions never share a lab. Up to ``jobs`` workers run at once
 (``default_jobs``: four per core, as far as memory allows). A
 worker that crashes or overruns its deadline costs only its own
 submission, and is killed together with everything it started.
+
+A submission is written by someone who wants the points. Where the machine
+has bubblewrap, each worker runs in a sandbox (``ddplab.course.sandbox``):
+its own pid, mount, network and user namespaces, so it sees no other
+process, no reference, no other submission and no output of the grader,
+and everything it starts dies with it. The worker is a child subreaper and
+ends what it adopted; the grader plans and scores, the worker only runs
+cells. Every finished result is journalled (``ddplab.course.outputs``).
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -52,9 +61,10 @@ from pathlib import Path
 import nbformat
 
 from .. import procs
-from . import grade_plan
+from . import grade_plan, outputs, sandbox
+from .outputs import Journal
 from .grade_plan import GradeError, Mark, check_reference, load_submission, plan
-from .grade_run import execute, sanitize_patterns
+from .grade_run import Step, execute, sanitize_patterns
 from .release import notebooks_in
 
 DEFAULT_CELL_TIMEOUT = 120.0
@@ -136,10 +146,13 @@ def default_jobs(available: int | None = None, cores: int | None = None) -> int:
 
 
 def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None = None,
-          cell_timeout: float = DEFAULT_CELL_TIMEOUT, progress=None) -> list[Grade]:
+          cell_timeout: float = DEFAULT_CELL_TIMEOUT, progress=None,
+          journal: Journal | None = None) -> list[Grade]:
     """Grade every submission (files, or folders of them) in parallel; one Grade each, in order.
 
     ``progress``, if given, is called with each Grade as it finishes.
+    ``journal``, if given, records each one as it finishes, and the
+    submissions it already holds are not graded again (``--resume``).
     """
     reference = Path(reference)
     if not reference.exists():
@@ -159,17 +172,29 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
         check_reference(ref)               # an unusable reference stops everything, now
         work.append((path, ref, ""))
     jobs = max(1, min(jobs or default_jobs(), len(work)))
+    finished = journal.done() if journal is not None else {}
 
     def one(item, env: dict) -> Grade:
         path, ref, error = item
-        result = (Grade(student_name(path, names), path.stem, str(path), error=error) if ref is None
-                  else _in_worker(path, ref, student_name(path, names), cell_timeout, env))
+        entry = outputs.key(path, ref or path) if journal is not None else ""
+        if entry in finished:
+            data = dict(finished[entry], marks=[Mark(**m) for m in finished[entry]["marks"]])
+            result = Grade(**data)
+        else:
+            result = (Grade(student_name(path, names), path.stem, str(path), error=error)
+                      if ref is None else
+                      _in_worker(path, ref, student_name(path, names), cell_timeout, env))
+            if journal is not None:
+                journal.record(entry, result)
         if progress:
             progress(result)
         return result
 
-    with one_template_for_the_class() as template_env, \
-            ThreadPoolExecutor(max_workers=jobs) as pool:
+    # Sandboxed, each submission's engines must be forked inside its sandbox:
+    # a class template outside it would run their code with the grader's view.
+    shared = (one_template_for_the_class() if sandbox.unavailable_reason()
+              else contextlib.nullcontext({}))
+    with shared as template_env, ThreadPoolExecutor(max_workers=jobs) as pool:
         env = dict(os.environ, **template_env)
         return list(pool.map(lambda item: one(item, env), work))
 
@@ -207,13 +232,40 @@ _WORKER = ("import sys; sys.modules['rfc3987_syntax'] = None; "
 
 def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
                env: dict | None = None) -> Grade:
-    """Grade in a child process; a crash or overrun there costs only this submission."""
-    cells = len(nbformat.read(ref, as_version=4).cells)
-    deadline = 300 + 3 * cells * cell_timeout
+    """Grade in a child process (sandboxed where the machine allows); a crash or overrun
+    there costs only this submission.
+
+    The plan (which cells run) and the score are made here, in the grader; the
+    worker only runs the steps. It reads them from a file it deletes before
+    the submission's first cell runs (the steps hold the reference solutions
+    that replays use), and it never sees the reference notebook itself.
+    """
+    begin = time.monotonic()
+    reference, found = check_reference(ref)
+    try:
+        submission = load_submission(path)
+    except ValueError as e:
+        return Grade(student, ref.stem, str(path), error=f"not graded: {e}",
+                     marks=[Mark(ex.name, False, "not graded") for ex in found])
+    steps, problems = plan(submission, found)
+    deadline = 300 + 3 * len(reference.cells) * cell_timeout
+    sandboxed = not sandbox.unavailable_reason()
     with tempfile.TemporaryDirectory(prefix="ddplab-grade-") as tmp:
-        out = Path(tmp) / "grade.json"
-        command = [sys.executable, "-c", _WORKER, str(path), str(ref), student,
-                   str(cell_timeout), str(out)]
+        tmp = Path(tmp)
+        todo, out = tmp / "steps.json", tmp / "ran.json"
+        todo.write_text(json.dumps([asdict(step) for step in steps]))
+        if sandboxed:
+            # Its own copy of the notebook, in the one folder it may write to.
+            cwd = tmp / "work"
+            cwd.mkdir()
+            shutil.copyfile(path, cwd / path.name)
+        else:
+            # The submission's own folder is the working directory, as in nbgrader:
+            # files a notebook writes land beside it, never in the course's folder.
+            cwd = path.resolve().parent
+        command = [sys.executable, "-c", _WORKER, str(todo), str(out), str(cwd), str(cell_timeout)]
+        if sandboxed:
+            command, env = sandbox.wrap(command, scratch=tmp), sandbox.environment(env or os.environ)
         # In our session, not one of its own: a terminal's Ctrl-C reaches the
         # worker too, and it stops (a worker in a session of its own would go
         # on grading while the pool waits for it). Its stdout is discarded; its
@@ -221,7 +273,6 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
         # runs keeps a long grading from reading the process table ten times a
         # second; at the end, those it still has are ended with it.
         worker = procs.Group([command], env=env, output="stderr", session=False, note=False)
-        begin = time.monotonic()
         ran = worker.start().wait(timeout=deadline, grace=5)
         if ran.timed_out:
             return Grade(student, ref.stem, str(path),
@@ -230,16 +281,28 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
             last = (ran[0].output.strip().splitlines() or ["no message"])[-1]
             return Grade(student, ref.stem, str(path),
                          error=f"not graded: the grader failed ({last[:150]})")
-        data = json.loads(out.read_text())
-        data["marks"] = [Mark(**m) for m in data["marks"]]
-        data["seconds"] = time.monotonic() - begin
-        return Grade(**data)
+        for step, record in zip(steps, json.loads(out.read_text())):
+            step.status, step.error, step.outputs = record["status"], record["error"], record["outputs"]
+    marks = grade_plan.score(steps, found, problems, sanitize_patterns())
+    return Grade(student, ref.stem, str(path), marks=marks, seconds=time.monotonic() - begin)
 
 
 def _worker(argv: list[str]) -> int:
-    path, ref, student, cell_timeout, out = argv
-    result = grade_one(Path(path), Path(ref), student, float(cell_timeout))
-    Path(out).write_text(json.dumps(asdict(result)))
+    """Run the steps in ``argv[0]`` (then deleted) in a kernel; write what each did to ``argv[1]``.
+
+    A child subreaper: whatever the submission detaches is adopted here and
+    ended before the results are written, so nothing of it outlives its slot
+    or can touch the results file afterwards.
+    """
+    todo, out, cwd, cell_timeout = argv
+    procs.become_subreaper()
+    procs.hide_memory()
+    steps = [Step(**record) for record in json.loads(Path(todo).read_text())]
+    Path(todo).unlink()
+    try:
+        execute(steps, cwd, float(cell_timeout))
+    finally:
+        procs.end_descendants(grace=1)
+    outputs.write_atomically(out, json.dumps([{"status": s.status, "error": s.error,
+                                               "outputs": s.outputs} for s in steps]))
     return 0
-
-

@@ -131,6 +131,12 @@ def plan(submission, found: list[Exercise]) -> tuple[list[Step], dict[str, str]]
             problems.setdefault(ex.name, f"exercise cell {want} was deleted")
         else:
             role[mine] = ("exercise", ex)
+            if at is not None and mine > at:
+                # Run where it is, it checks nothing yet: the reference check is
+                # put back after the exercise, as for a deleted one.
+                del role[at]
+                problems[ex.name] = (f"check cell {check_id or ex.name} was moved above its "
+                                     f"exercise cell {want}; keep it below")
     steps = []
     for i, cell in enumerate(code):
         kind, ex = role.get(i, ("other", None))
@@ -173,5 +179,22 @@ def score(steps: list[Step], found: list[Exercise], problems: dict[str, str],
             why = f"exercise cell: {exercise.error}"
         else:
             why = f"check: {outcome}" if outcome else ""
+        broke = _broken_before(steps, check)
+        if why and broke is not None:
+            # A set-up cell that timed out leaves the kernel without `ddplab`:
+            # say that, not only the NameError it caused.
+            why = f"{_describe(broke)}: {broke.error}, so the cells after it ran without it; {why}"
         marks.append(Mark(ex.name, not why, why))
     return marks
+
+
+def _broken_before(steps: list[Step], check: Step) -> Step | None:
+    """The first cell that is not an exercise or check and broke the kernel before ``check``."""
+    for step in steps[:steps.index(check)]:
+        if step.role == "other" and step.status in ("timeout", "died"):
+            return step
+    return None
+
+
+def _describe(step: Step) -> str:
+    return f"cell {step.cell_id}" if step.cell_id else "a cell"

@@ -13,6 +13,9 @@ What can go wrong in a cell, and what happens:
 - it runs past the per-cell timeout (an infinite loop): the kernel is killed
   and recovered.
 - the kernel dies (a crash, ``os._exit``), or an engine dies: recovered.
+- it tries to forge a check (replaces a checker, patches ``print``, prints
+  a ``Correct`` line): check cells run through ``ddplab.course.grade_check``'s
+  guard and earn the point only by its verdict.
 
 Recovering means: kill the kernel (its lab's engines and controller exit with
 it, see ``ddplab.rank.guard``), start a new one, and replay the cells before the
@@ -27,6 +30,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import secrets
 from collections import defaultdict
 from dataclasses import dataclass, field
 from importlib import resources
@@ -34,6 +38,7 @@ from importlib import resources
 import nbformat
 
 from .. import procs
+from .grade_check import SAVE_STREAMS, guarded_check, verdict
 
 log = logging.getLogger(__name__)
 # Output fields that never match run to run; nbval skips the same ones
@@ -158,6 +163,7 @@ class Kernel:
         self.client.km = self.client.create_kernel_manager()
         self.client.start_new_kernel()
         self.client.start_new_kernel_client()
+        self.run(SAVE_STREAMS)
 
     def run(self, source: str) -> tuple[str, list, str]:
         """Run cell source; return (status, outputs, reason)."""
@@ -206,7 +212,16 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float) -> None:
             if step.skip:
                 step.status = "ok"
                 continue
-            step.status, step.outputs, step.error = kernel.run(step.source)
+            if step.role == "check":
+                nonce = secrets.token_hex(16)
+                step.status, outputs, step.error = kernel.run(guarded_check(step.source, nonce))
+                said, step.outputs = verdict(outputs, nonce)
+                if step.status == "ok" and said != "pass":
+                    step.status = "error"
+                    step.error = ("the check did not say it passed: its output was tampered "
+                                  "with, or it never finished")
+            else:
+                step.status, step.outputs, step.error = kernel.run(step.source)
             if step.status != "ok" and step.role in ("exercise", "check"):
                 failed.add(step.name)
             if step.status == "error" and step.expect_error and step.role == "other":

@@ -116,6 +116,35 @@ def notebooks_in(paths: list[str | Path]) -> list[Path]:
     return found
 
 
+def _refuse_overwriting_sources(sources: list[Path], out_dir: Path) -> None:
+    """ReleaseError if a student version would be written over a course notebook.
+
+    ``ddplab release 00_setup.ipynb -o .`` would replace the reference (the
+    solutions, and the check outputs grading compares with) by the student
+    version. A notebook that holds solutions is a reference too, even one not
+    named on the command line.
+    """
+    inputs = {p.resolve() for p in sources}
+    for path in sources:
+        target = (out_dir / path.name).resolve()
+        if target in inputs:
+            raise ReleaseError(f"ddplab release: {out_dir / path.name} is the course notebook "
+                               f"being released; writing the student version there would "
+                               f"destroy its solutions. Choose another folder with -o.")
+        if target.is_file() and _holds_solutions(target):
+            raise ReleaseError(f"ddplab release: {target} already holds a notebook with "
+                               f"solutions (a reference); it is never overwritten. Choose "
+                               f"another folder with -o, or remove that file yourself.")
+
+
+def _holds_solutions(path: Path) -> bool:
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception:
+        return False          # not a notebook: nothing of the course's to lose
+    return any(has_solution(cell) for cell in nb.cells)
+
+
 def release(paths: list[str | Path], out_dir: str | Path) -> list[Path]:
     """Write the student version of each notebook into ``out_dir``; return the files written.
 
@@ -131,6 +160,7 @@ def release(paths: list[str | Path], out_dir: str | Path) -> list[Path]:
     if twice:
         raise ReleaseError(f"ddplab release: two notebooks are named {twice[0]}; released "
                            f"notebooks share one folder, so give them different names.")
+    _refuse_overwriting_sources(sources, out_dir)
     students = [release_notebook(read_notebook(p, ReleaseError), p.name) for p in sources]
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

@@ -13,6 +13,10 @@ Two layers, one owner:
   the whole tree, return how each rank ended. ``ddplab.launch``,
   ``ddplab.train``, ``ddplab grade`` and the engine template use it.
 
+- ``reaper``: ``become_subreaper``, so that orphans a process's descendants
+  leave (double fork, ``setsid``) stay its descendants, and
+  ``end_descendants`` to end them all; engines and grading workers use it.
+
 ``tools/check_layout.py`` holds every other module to it: only this package
 calls ``Popen`` or signals a process.
 """
@@ -20,7 +24,9 @@ calls ``Popen`` or signals a process.
 from __future__ import annotations
 
 from .group import Exit, Group, Results, run
+from .reaper import become_subreaper, end_descendants, hide_memory
 from .tree import END_GRACE_S, KILL_WAIT_S, Member, Tree, alive, descendants, end_tree, process, send, start
 
 __all__ = ["END_GRACE_S", "Exit", "Group", "KILL_WAIT_S", "Member", "Results", "Tree", "alive",
-           "descendants", "end_tree", "process", "run", "send", "start"]
+           "become_subreaper", "descendants", "end_descendants", "end_tree", "hide_memory", "process",
+           "run", "send", "start"]

@@ -11,6 +11,11 @@ ddplab launches ipyparallel's controller and engines as
    loads torch while the controller is still starting, not afterwards.
 3. runs MODULE in this same process (``runpy``), so the pid ipyparallel
    records is the pid of the real engine, the one ddplab.procs signals.
+4. is a child subreaper (``procs.become_subreaper``): a process the rank's
+   code detaches (double fork, ``setsid``, SIGTERM ignored) is adopted by
+   the engine instead of init, so it stays in the engine's tree, which
+   ``lab.stop()`` ends; and the guard ends every descendant when MODULE
+   returns or the kernel dies.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ def _parent_alive(parent_pid: int) -> bool:
 
 
 def _end_children() -> None:
-    # The controller forks its schedulers; os._exit would leave them behind.
+    # The controller forks its schedulers; os._exit would leave them behind. As a
+    # subreaper, our descendants include every orphan the rank's code detached.
     from ddplab import procs
-    procs.end_tree(*procs.descendants(os.getpid()), grace=1)
+    procs.end_descendants(grace=1)
 
 
 def watch_parent(parent_pid: int, cleanup_dir: str | None = None) -> threading.Thread:
@@ -77,8 +83,13 @@ def main(argv: list[str]) -> None:
         watch_parent(int(parent), os.environ.get("DDPLAB_CLEANUP_DIR") or None)
     for name in filter(None, os.environ.get("DDPLAB_PRELOAD", "").split(",")):
         importlib.import_module(name)
+    from ddplab import procs
+    procs.become_subreaper()
     module, sys.argv = argv[0], argv
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    finally:
+        _end_children()
 
 
 if __name__ == "__main__":
