@@ -58,13 +58,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import nbformat
-
 from .. import procs
 from . import grade_plan, outputs, sandbox
-from .outputs import Journal
 from .grade_plan import GradeError, Mark, check_reference, load_submission, plan
 from .grade_run import Step, execute, sanitize_patterns
+from .outputs import Journal
 from .release import notebooks_in
 
 DEFAULT_CELL_TIMEOUT = 120.0

@@ -40,7 +40,8 @@ _m.meta_path, _m.path_hooks = list(_s.meta_path), list(_s.path_hooks)
 _m.attrs = [(_o, dict(vars(_o))) for _o in (_b, _torch, _torch.Tensor)]
 _s.modules["_ddplab_grade_saved"] = _m
 del _s, _b, _t, _m, _torch"""
-# A check cell, as the grader runs it: with what was saved above put back, ``ddplab`` and ``ddplab.check`` imported afresh from their files
+# A check cell, as the grader runs it: with what was saved above put back,
+# ``ddplab`` and ``ddplab.check`` imported afresh from their files
 # (a replaced, wrapped or re-coded checker, or a fake ``ddplab`` in the
 # notebook's namespace, is not what runs), and a verdict line carrying a
 # nonce the grader drew for this cell alone. Only that line with that nonce

@@ -15,7 +15,7 @@ import ctypes
 import logging
 import os
 
-from .tree import end_tree, descendants
+from .tree import descendants, end_tree
 
 log = logging.getLogger(__name__)
 PR_SET_CHILD_SUBREAPER = 36
