@@ -18,7 +18,7 @@ What it guarantees:
 - Every process a launch started is ended when it returns, even when the
   script fails or hangs past ``timeout``: the launcher's session, and every
   process it started (torchrun puts each worker in a session of its own, so
-  ddplab notes them while it waits), by ``ddplab.procs``' policy.
+  ddplab notes them while it waits), by one ``ddplab.procs.Group``.
 - Output comes back per rank, in rank order: torchrun writes each worker's
   stdout to its own file (``--log-dir``/``--redirects``); for ``spawn``, lines
   a rank prints as ``[rank N] ...`` are grouped under rank N. Ports and
@@ -38,10 +38,8 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 
 from . import procs
@@ -54,11 +52,9 @@ ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK
              "MASTER_ADDR", "MASTER_PORT")
 _REPORT_DIR = "DDPLAB_LAUNCH_DIR"
 # After one command fails, the time the others get to exit by themselves, so
-# that their own error message (often the real cause) is kept, before they are ended.
+# that their own error message (often the real cause) is kept, before they are
+# ended (after ``procs.END_GRACE_S`` for SIGTERM).
 _SETTLE_S = 5.0
-# How long a launch's processes get to act on SIGTERM (torchrun then ends its
-# workers itself) before they are killed.
-_END_GRACE_S = 3.0
 _RANK_MARK = re.compile(r"\[rank (\d+)\] ?")
 
 
@@ -226,30 +222,19 @@ def command_line(launch: Launch, index: int = 0) -> str:
 def _run(commands: list[list[str]], ports: list[int], timeout: float, check: bool,
          torchrun_nproc: int | None = None) -> Launch:
     folder = tempfile.mkdtemp(prefix="ddplab_launch-")     # mode 0700
-    commands = [[word.replace("{dir}", folder) for word in cmd] for cmd in commands]
-    env = {k: v for k, v in os.environ.items()
-           # Only the launcher decides these, so a table shows what it set.
-           if k not in ENV_NAMES and k not in ("GROUP_WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE")}
-    env.update({_REPORT_DIR: folder, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"})
-    popens, logs, tree = [], [], procs.Tree()
     try:
-        for index, cmd in enumerate(commands):
-            log = open(os.path.join(folder, f"launcher-{index}.txt"), "w+")
-            logs.append(log)
-            # A session of its own: ending it ends the children that stay in
-            # it (mp.spawn's), and never the kernel.
-            popens.append(procs.start(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
-            tree.add(popens[-1], session=True)
-        codes, timed_out = _wait(popens, tree, timeout)
-    finally:
-        tree.end(grace=_END_GRACE_S)
-        for popen in popens:
-            popen.wait()
-        for log in logs:
-            log.close()
-    try:
+        commands = [[word.replace("{dir}", folder) for word in cmd] for cmd in commands]
+        env = {k: v for k, v in os.environ.items()
+               # Only the launcher decides these, so a table shows what it set.
+               if k not in ENV_NAMES and k not in ("GROUP_WORLD_SIZE",
+                                                   "TORCHELASTIC_USE_AGENT_STORE")}
+        env.update({_REPORT_DIR: folder, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"})
+        # Each launcher leads a session of its own: ending it ends the children
+        # that stay in it (mp.spawn's), and never the kernel. torchrun's workers
+        # lead sessions of their own; the group notes them while it waits.
+        ran = procs.Group(commands, env=env).start().wait(timeout, settle=_SETTLE_S)
         clean = _cleaner(folder, ports)
-        launcher = "\n".join(clean(open(log.name).read()) for log in logs)
+        launcher = "\n".join(clean(done.output) for done in ran)
         if torchrun_nproc is None:
             rank_output = _rank_lines(launcher)
         else:
@@ -262,31 +247,12 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
             reports[int(rank) if rank is not None else len(reports)] = report
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    result = Launch(commands, codes, timed_out, launcher, rank_output, dict(sorted(reports.items())))
+    result = Launch(commands, ran.returncodes, ran.timed_out, launcher, rank_output,
+                    dict(sorted(reports.items())))
     result.commands = [[clean(word) for word in cmd] for cmd in commands]
     if check and not result.ok:
         raise LaunchError(_failure_message(result, timeout), result)
     return result
-
-
-def _wait(popens: list[subprocess.Popen], tree: procs.Tree,
-          timeout: float) -> tuple[list, bool]:
-    """Wait for every command; return exit codes (None: ended by us) and whether time ran out."""
-    deadline = time.monotonic() + timeout
-    failed_at = None
-    while True:
-        codes = [p.poll() for p in popens]
-        tree.note()              # torchrun's workers lead sessions of their own: note them
-        if all(code is not None for code in codes):
-            return codes, False
-        now = time.monotonic()
-        if failed_at is None and any(code not in (None, 0) for code in codes):
-            failed_at = now
-        if failed_at is not None and now - failed_at >= _SETTLE_S:
-            return codes, False
-        if now >= deadline:
-            return codes, True
-        time.sleep(0.1)
 
 
 def _cleaner(folder: str, ports: list[int]):
