@@ -23,10 +23,13 @@ one machine share a hostname, two hosts never share an address).
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 from dataclasses import dataclass
 
 from .env import worker_env
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ def describe_engine(controller_ip: str) -> dict:
     try:
         import torch
         gpus = torch.cuda.device_count()
-    except Exception:
-        pass
+    except Exception:            # a broken CUDA install: this host then counts as CPU-only
+        log.debug("could not count this host's GPUs", exc_info=True)
     return {"address": address, "hostname": socket.gethostname(), "ifname": interface_of(address),
             "pid": os.getpid(), "gpus": gpus, "tmpdir": tempfile.mkdtemp(prefix="ddplab-rank-")}

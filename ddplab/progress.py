@@ -21,6 +21,7 @@ from run to run even though the bars moved at different speeds.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
@@ -31,6 +32,7 @@ KEY = "ddplab_progress"
 MIN_INTERVAL = 0.1
 #: How long the kernel waits, once per finished rank, for its last update to arrive.
 FLUSH_TIMEOUT = 2.0
+log = logging.getLogger(__name__)
 _last_sent = {"time": -math.inf}
 
 
@@ -118,7 +120,8 @@ class Board:
             if self._view is None:
                 self._view = _make_view(sorted(results))
             self._view.update(records)
-        except Exception:
+        except Exception:            # a progress bar must never be why training fails
+            log.debug("progress display turned off for this wait", exc_info=True)
             self._broken = True
 
     def _flush(self, results: dict[int, Any]) -> None:

@@ -59,7 +59,7 @@ class Event:
     root: int | None = None        # broadcast/reduce/gather/scatter: the root
     nbytes: int = 0                # the tensor(s) this rank passed in; object ops: bytes moved
     group: tuple[int, ...] | None = None   # None: the whole world
-    site: str | None = None        # "cell line 3", or file:line outside a cell
+    site: str | None = None        # "cell line 3"; "fn line 12" in a function given to lab.run
     source: str = "call"           # "call": the rank's code called it; "torch": torch did (DDP)
     blocking: bool = True
     done: float | None = None      # an async op: complete by then (the first time the rank

@@ -81,7 +81,3 @@ def test_a_thread_outside_torch_distributed_is_not_blocked():
     assert watch.look(now=0.0) == watch.look(now=10.0) == ""
     done.set()
     thread.join(LIMIT)
-
-
-def test_the_cell_prefix_matches_the_engines_cell_filenames():
-    assert CELL_FILENAME.format(n=12).startswith(blocked.CELL_PREFIX)

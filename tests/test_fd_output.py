@@ -152,15 +152,15 @@ def test_a_subprocess_given_sys_stdout_writes_into_the_rank_output(fresh_lab, me
 def test_recorder_takes_writes_larger_than_its_tail_and_absorbs_an_inbox():
     # fd-level text arrives in chunks of up to a megabyte: one write can be
     # larger than the whole tail (this raised IndexError before).
-    recorder = output.Recorder(head=10, tail=10)
+    recorder = output.OutputRecorder(head=10, tail=10)
     recorder.text("stdout", "head\n")
     recorder.text("stdout", "".join(f"{i:03}\n" for i in range(100)))
     events = recorder.events
     assert events[0][1].startswith("head\n000\n0\n[ddplab: output truncated")
     assert events[0][1].endswith("characters]\n098\n099\n")
-    inbox = output.Recorder(head=4, tail=4)
+    inbox = output.OutputRecorder(head=4, tail=4)
     inbox.text("stderr", "".join(f"e{i}\n" for i in range(10)))
-    target = output.Recorder()
+    target = output.OutputRecorder()
     target.text("stdout", "before\n")
     target.absorb(inbox)
     target.text("stdout", "after\n")

@@ -49,7 +49,7 @@ def test_a_flood_is_capped_with_a_note_keeping_head_and_tail(fresh_lab, capsys):
 
 
 def test_recorder_keeps_order_of_streams_and_is_linear():
-    recorder = output.Recorder(head=10, tail=10)
+    recorder = output.OutputRecorder(head=10, tail=10)
     for chunk in ["aaaa\n", "bbbb\n", "cccc\n", "dddd\n", "eeee\n"]:
         recorder.text("stdout", chunk)
     recorder.text("stderr", "err\n")
@@ -57,7 +57,7 @@ def test_recorder_keeps_order_of_streams_and_is_linear():
     assert events[0][0] == "stdout" and events[0][1].startswith("aaaa\nbbbb\n[ddplab: output truncated")
     assert events[0][1].endswith("characters]\neeee\n")
     assert events[1] == ("stderr", "err\n")
-    small = output.Recorder()
+    small = output.OutputRecorder()
     small.text("stdout", "a")
     small.display({"text/plain": "1"}, None)
     small.text("stdout", "b")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -72,11 +73,15 @@ def test_board_waits_once_for_the_last_update_of_a_finished_rank(capsys):
     assert done.flushes == 1
 
 
-def test_a_broken_record_never_breaks_the_run(capsys):
+def test_a_broken_record_never_breaks_the_run(capsys, caplog):
     board = progress.Board()
-    board.update({0: Result({"step": 1})})          # no "total": cannot be drawn
+    with caplog.at_level(logging.DEBUG, logger="ddplab.progress"):
+        board.update({0: Result({"step": 1})})      # no "total": cannot be drawn
     board.update({0: Result(record(1, 2))})          # ignored from now on, no exception
     assert "rank 0: 1/2" not in capsys.readouterr().out
+    # Swallowed for the run's sake, but on the record for whoever debugs it.
+    (logged,) = [r for r in caplog.records if r.name == "ddplab.progress"]
+    assert logged.levelno == logging.DEBUG and logged.exc_info[0] is KeyError
 
 
 def test_widget_view_has_a_fixed_text_form_and_moves_its_bars(monkeypatch):

@@ -5,6 +5,8 @@ Each rank registers ``faulthandler`` on SIGUSR1 when it joins the group
 the rank's main thread is blocked inside a C++ collective and no Python code
 can run there. We send the signal, read the dump the rank wrote to its stack
 file, and boil it down to one line such as ``in all_reduce (cell line 3)``.
+Which call and which line, and the words for them, are ``ddplab.rank.where``'s:
+the live status and the trace say it the same way.
 """
 
 from __future__ import annotations
@@ -15,13 +17,11 @@ import signal
 import time
 
 from .. import procs
-from ..rank.engine import CELL_FILENAME, relative_to_site_packages
+from ..rank.engine import relative_to_site_packages
+from ..rank.where import CELL_PREFIX, locate
 from ..text import plural
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>\S+)')
-_CELL_PREFIX = CELL_FILENAME.split("{")[0]
-# Frames in these files are plumbing between the user's call and the real one.
-_WRAPPERS = {"wrapper", "_wrapper", "inner", "_inner"}
 
 
 def dump_stack(process: procs.Member, stack_file: str, deadline: float) -> str:
@@ -62,17 +62,12 @@ def main_thread_stack(dump: str) -> list[tuple[str, int, str]]:
         if match and threads:
             threads[-1].append((match["file"], int(match["line"]), match["func"]))
     for frames in threads:
-        if any(f.startswith(_CELL_PREFIX) for f, _, _ in frames):
+        if any(f.startswith(CELL_PREFIX) for f, _, _ in frames):
             return frames
     for frames in threads:
         if any("/torch/distributed/" in f for f, _, _ in frames):
             return frames
     return max(threads, key=len, default=[])
-
-
-def _is_library(path: str) -> bool:
-    return ("site-packages" in path or "/lib/python" in path or "/ddplab/" in path
-            or path.startswith("<frozen"))
 
 
 def where(frames: list[tuple[str, int, str]]) -> str:
@@ -82,31 +77,23 @@ def where(frames: list[tuple[str, int, str]]) -> str:
     ...        ("<rank cell 2>", 3, "<module>")])
     'in send (cell line 3)'
     """
-    if not frames:
-        return "somewhere (no stack could be read)"
-    call = next((func for path, _, func in frames
-                 if "/torch/distributed/" in path and func not in _WRAPPERS), None)
-    user = next(((path, line, func) for path, line, func in frames
-                 if path.startswith(_CELL_PREFIX) or not _is_library(path)), None)
-    if any(func == "init_process_group" and "/torch/distributed/" in path
-           for path, _, func in frames):
-        call = "init_process_group"       # not the store or rendezvous helper it waits in
-    what = f"in {call}" if call else f"in {frames[0][2]}"
-    if user is None:
-        return what
-    path, line, func = user
-    if path.startswith(_CELL_PREFIX):
-        return f"{what} (cell line {line})"
-    return f"{what} (called from {func}, {os.path.basename(path)} line {line})"
+    return locate(frames).in_call()
 
 
 def format_stack(frames: list[tuple[str, int, str]], limit: int = 8) -> str:
-    """The frames from the user's code inward, outermost first, like a traceback."""
-    outer = next((i for i, (path, _, _) in enumerate(frames)
-                  if path.startswith(_CELL_PREFIX) or not _is_library(path)), len(frames) - 1)
-    shown = list(reversed(frames[:outer + 1][:limit]))
-    return relative_to_site_packages(
-        "\n".join(f'    File "{path}", line {line}, in {func}' for path, line, func in shown))
+    """The frames from the user's line inward, outermost first, like a traceback.
+
+    The user's frame (the one ``where()`` names) always shows; past ``limit``
+    frames, those just inside it are left out, the innermost kept.
+    """
+    if not frames:
+        return ""
+    outer = locate(frames).line_at
+    shown = frames[:len(frames) if outer is None else outer + 1]
+    lines = [f'    File "{path}", line {line}, in {func}' for path, line, func in shown]
+    if len(lines) > limit:
+        lines = lines[:limit - 1] + ["    ..."] + lines[-1:]
+    return relative_to_site_packages("\n".join(reversed(lines)))
 
 
 def waiting_to_join(where_line: str) -> bool:
@@ -142,15 +129,8 @@ def activity(frames: list[tuple[str, int, str]]) -> tuple[bool, str]:
     ``(True, "in send (cell line 1)")`` for a rank blocked in a send;
     ``(False, "at cell line 3")`` for one sleeping or computing in a cell.
     """
-    if not frames:
-        return False, "somewhere (no stack could be read)"
-    in_dist = any("/torch/distributed/" in path for path, _, _ in frames)
-    if in_dist:
-        return True, where(frames)
-    cell = next((line for path, line, _ in frames if path.startswith(_CELL_PREFIX)), None)
-    if cell is not None:
-        return False, f"at cell line {cell}"
-    return False, where(frames)
+    found = locate(frames)
+    return found.in_dist, found.doing()
 
 
 def death(ended: dict) -> str:

@@ -21,6 +21,7 @@ rank order when the cell ends, as it always did.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import time
 from typing import Any
@@ -35,13 +36,15 @@ LINES = 20
 #: their stored output cannot even hold an empty area.
 OPEN_AFTER = 1.0
 _ids = itertools.count()
+log = logging.getLogger(__name__)
 
 
 def screen(result: Any) -> str | None:
     """The latest screen a rank published for ``result`` (an AsyncResult), if any."""
     try:
         return published(result).get(KEY)
-    except Exception:
+    except Exception:            # polled every wait step: a bad message only loses a screen
+        log.debug("no live screen in this result", exc_info=True)
         return None
 
 
@@ -49,7 +52,8 @@ def reported(result: Any) -> str:
     """What a rank last said of itself for ``result``: "" or ``blocked in send, cell line 1``."""
     try:
         return published(result).get(STATUS_KEY) or ""
-    except Exception:
+    except Exception:            # polled every wait step: a bad message only loses a status
+        log.debug("no live status in this result", exc_info=True)
         return ""
 
 
@@ -91,6 +95,7 @@ class Board:
                     self._shown[i] = body
                     self._send(self._ids[i], {"text/plain": body}, update=True)
         except Exception:            # a live view must never be why a cell fails
+            log.debug("live areas turned off for this wait", exc_info=True)
             self.enabled = False
 
     def _open(self, n: int) -> None:
@@ -105,8 +110,8 @@ class Board:
         for display_id in self._ids:
             try:
                 self._send(display_id, {}, update=True)
-            except Exception:
-                pass
+            except Exception:    # the final output follows anyway; an area left showing is cosmetic
+                log.debug("could not empty live area %s", display_id, exc_info=True)
         self._ids, self._shown = [], []
 
     @staticmethod

@@ -8,8 +8,8 @@ How we know, at no cost to the rank's own code: nothing is wrapped. The live
 pump's thread already wakes every ``live.INTERVAL`` seconds; each time it reads
 the main thread's Python stack with ``sys._current_frames()`` (a snapshot,
 safe from another thread, and possible while the main thread sits in a C++
-collective, which releases the GIL while it waits). The outermost public
-function of ``distributed_c10d.py`` on that stack is the call the rank is in.
+collective, which releases the GIL while it waits), and ``ddplab.rank.where``
+finds on it the call the rank is in and the user's line that made it.
 A ``.wait()`` on the handle an ``isend`` returned is a C++ method with no
 Python frame: a rank waiting there reads as running.
 
@@ -21,7 +21,8 @@ freed and its id reused by the next call (a new call always gets a new frame
 object). The reference is dropped at the next look once the call is over.
 
 The hang diagnosis (``ddplab.lab.diagnose``) asks the same question from the
-kernel with faulthandler's dump, for a rank that may no longer run any Python.
+kernel with faulthandler's dump, for a rank that may no longer run any Python;
+``where`` answers both, in the same words.
 """
 
 from __future__ import annotations
@@ -30,46 +31,30 @@ import sys
 import time
 from types import FrameType
 
+from . import where
+
 #: Seconds one call must last before the rank counts as blocked in it.
 BLOCKED_AFTER = 0.4
-#: The start of a rank cell's filename: ``engine.CELL_FILENAME`` ("<rank cell 3>").
-#: Spelled out here because ``engine`` imports this module, not the other way round.
-CELL_PREFIX = "<rank cell "
-_C10D_FILE = "/torch/distributed/distributed_c10d.py"
-_LIBRARY_MARKS = ("site-packages", "/lib/python", "/ddplab/")
 
 
-def _call_frame(top: FrameType | None) -> FrameType | None:
-    """The outermost frame of a public ``torch.distributed`` function on this stack, if any.
+def _stack(top: FrameType | None) -> list[FrameType]:
+    frames = []
+    while top is not None:
+        frames.append(top)
+        top = top.f_back
+    return frames
 
-    Outermost: the call the user made. ``all_gather_object`` waits inside
-    ``all_gather``, ``send_object_list`` inside ``send``; the student wrote the former.
+
+def look_at(top: FrameType | None) -> tuple[FrameType | None, str]:
+    """The frame of the torch.distributed call on this stack (None if none), and its status.
+
+    The status is ``where.Where.blocked()``'s: ``blocked in recv, cell line 3``.
     """
-    frame, found = top, None
-    while frame is not None:
-        code = frame.f_code
-        if code.co_filename.endswith(_C10D_FILE) and not code.co_name.startswith("_"):
-            found = frame
-        frame = frame.f_back
-    return found
-
-
-def _user_site(frame: FrameType | None) -> str:
-    """Where the user's code made the call: ``cell line 3``, ``train line 12``, or ""."""
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if filename.startswith(CELL_PREFIX):
-            return f"cell line {frame.f_lineno}"
-        if not filename.startswith("<") and not any(m in filename for m in _LIBRARY_MARKS):
-            return f"{frame.f_code.co_name} line {frame.f_lineno}"
-        frame = frame.f_back
-    return ""
-
-
-def describe(frame: FrameType) -> str:
-    """``blocked in recv, cell line 3`` for the frame of a torch.distributed call."""
-    site = _user_site(frame.f_back)
-    return f"blocked in {frame.f_code.co_name}" + (f", {site}" if site else "")
+    frames = _stack(top)
+    found = where.locate(map(where.record, frames))
+    if found.call_at is None:
+        return None, ""
+    return frames[found.call_at], found.blocked()
 
 
 class Watch:
@@ -83,11 +68,11 @@ class Watch:
     def look(self, now: float | None = None) -> str:
         """The status text (``blocked in send, cell line 1``), or "" while not blocked."""
         now = time.monotonic() if now is None else now
-        frame = _call_frame(sys._current_frames().get(self._thread_id))
+        frame, status = look_at(sys._current_frames().get(self._thread_id))
         if frame is None or frame is not self._frame:
             self._frame, self._since = frame, now
             return ""
-        return describe(frame) if now - self._since >= BLOCKED_AFTER else ""
+        return status if now - self._since >= BLOCKED_AFTER else ""
 
     def forget(self) -> None:
         """Drop the frame held, and the locals it keeps alive (at the end of a cell)."""

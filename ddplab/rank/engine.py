@@ -26,10 +26,8 @@ import traceback
 from typing import Any, Callable
 
 from . import output
+from .where import CELL_FILENAME  # "<rank cell 3>": ``where`` owns the spelling
 
-#: Filenames of cells compiled on a rank look like this; the hang diagnosis
-#: finds the cell's line in a stack dump by this prefix.
-CELL_FILENAME = "<rank cell {n}>"
 _SITE_PACKAGES = re.compile(r'[^"\s]*?site-packages/')
 _state: dict[str, Any] = {"cells": 0, "store": None, "stack_file": None}
 
@@ -236,7 +234,7 @@ def run_cell(source: str) -> dict:
     code = shell.transform_cell(source) if shell is not None else source
     # Register the source so tracebacks and stack dumps can show cell lines.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    recorder = output.Recorder()
+    recorder = output.OutputRecorder()
     error = None
     with output.capture(recorder):
         try:
@@ -255,7 +253,7 @@ def run_cell(source: str) -> dict:
 
 def call(fn: Callable, args: tuple, kwargs: dict) -> dict:
     """Call ``fn(*args, **kwargs)`` with its output recorded; see run_cell."""
-    recorder = output.Recorder()
+    recorder = output.OutputRecorder()
     value, error = None, None
     with output.capture(recorder):
         try:

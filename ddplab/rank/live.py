@@ -25,6 +25,7 @@ thread's stack from this thread, nothing wrapped). Only changes are sent.
 from __future__ import annotations
 
 import collections
+import logging
 import sys
 import threading
 from typing import Callable
@@ -37,6 +38,7 @@ KEY = "ddplab_live"
 STATUS_KEY = "ddplab_live_status"
 INTERVAL = 0.2
 SCREEN_CHARS = 8000
+log = logging.getLogger(__name__)
 
 
 def render(raw: str) -> str:
@@ -187,6 +189,7 @@ class _Service:
                 try:
                     pump.tick()
                 except Exception:                 # a live view must never break the cell
+                    log.debug("live view stopped for this cell", exc_info=True)
                     self._pump = None
 
 

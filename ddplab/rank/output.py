@@ -2,7 +2,7 @@
 
 ``print`` and warnings (``sys.stdout``/``sys.stderr``), ``display()``, and
 what bypasses Python (fd 1 and 2, through ``fdcapture``) all end in one
-``Recorder`` per cell, in the order the rank produced them. ``engine.run_cell``
+``OutputRecorder`` per cell, in the order the rank produced them. ``engine.run_cell``
 and ``engine.call`` wrap their work in ``capture(recorder)``; the kernel
 replays the recorder's ``events`` under ``[rank N]``, in rank order.
 
@@ -38,7 +38,7 @@ KEEP_HEAD = 512 * 1024
 KEEP_TAIL = 512 * 1024
 
 
-class Recorder:
+class OutputRecorder:
     """Collects a cell's output as an ordered list of events, in time linear in its size.
 
     Events are ``("stdout", text)``, ``("stderr", text)`` and
@@ -113,7 +113,7 @@ class Recorder:
             self.dropped_lines += cut.count("\n")
             self._tail_size -= len(cut)
 
-    def absorb(self, other: "Recorder") -> None:
+    def absorb(self, other: "OutputRecorder") -> None:
         """Append everything ``other`` recorded (its kept text, and what it dropped)."""
         if not other._head and not other._tail:
             return
@@ -194,10 +194,10 @@ class _Output:
 
     def __init__(self) -> None:
         self.inbox_lock = threading.Lock()
-        self.inbox = Recorder()
+        self.inbox = OutputRecorder()
         self.dirty = False                  # the inbox holds text not merged yet
         self.hiding = 0                     # inside hide_fd_output(): fd-level text is dropped
-        self.idle = Recorder(KEEP_IDLE, KEEP_IDLE)
+        self.idle = OutputRecorder(KEEP_IDLE, KEEP_IDLE)
         self.sink = self.idle
         self.fds: fdcapture.FdCapture | None = None   # set once this engine is a rank
         self.originals: tuple = (sys.stdout, sys.stderr)
@@ -218,7 +218,7 @@ class _Output:
     def merge(self) -> None:
         """Move what fd 1 and 2 brought so far into the current recorder, in order."""
         with self.inbox_lock:
-            inbox, self.inbox, self.dirty = self.inbox, Recorder(), False
+            inbox, self.inbox, self.dirty = self.inbox, OutputRecorder(), False
             _STDOUT.emit = _STDERR.emit = self.sink.text
         self.sink.absorb(inbox)
 
@@ -238,18 +238,18 @@ class _Output:
         self.inbox_lock = threading.Lock()
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
 
-    def _point_at(self, recorder: Recorder) -> None:
+    def _point_at(self, recorder: OutputRecorder) -> None:
         with self.inbox_lock:
             self.sink = recorder
             _STDOUT.emit = _STDERR.emit = self._merge_then_write if self.dirty else recorder.text
 
-    def begin(self, recorder: Recorder) -> None:
+    def begin(self, recorder: OutputRecorder) -> None:
         """Send output to ``recorder``; what came between cells goes first, under a note."""
         if self.fds is not None:
             self.fds.drain()            # what is in the pipes now came before this cell
         self.merge()
         idle = self.idle
-        self.idle = Recorder(KEEP_IDLE, KEEP_IDLE)
+        self.idle = OutputRecorder(KEEP_IDLE, KEEP_IDLE)
         self._point_at(recorder)
         events = idle.events
         if events:
@@ -328,12 +328,12 @@ def hide_fd_output() -> Iterator[None]:
 
 
 class capture:
-    """Context manager: route print, fd 1 and 2, warnings and display() into a Recorder."""
+    """Context manager: route print, fd 1 and 2, warnings and display() into an OutputRecorder."""
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: OutputRecorder) -> None:
         self.recorder = recorder
 
-    def __enter__(self) -> Recorder:
+    def __enter__(self) -> OutputRecorder:
         publish = live.publisher()
         self.pump = live.Pump(publish).start() if publish is not None else None
         if self.pump is not None:

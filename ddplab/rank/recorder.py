@@ -1,22 +1,21 @@
 """The recorder behind ``ddplab.rank.trace``: what one rank's traced calls leave behind.
 
 ``ddplab.rank.trace`` installs the wrappers and the dispatcher kernels and hands
-every call to a ``Recorder``; this module turns each call into a plain dict
-(op, peer, bytes, group, times, the cell line) and, at the end, into the list
-the kernel receives.
+every call to a ``CallRecorder``; this module turns each call into a plain dict
+(op, peer, bytes, group, times, the user's line as ``where`` says it: "cell line 3")
+and, at the end, into the list the kernel receives. (A cell's printed output is
+recorded elsewhere, by ``output.OutputRecorder``.)
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from typing import Any
 
-from .engine import CELL_FILENAME
+from .where import locate, records
 
-_CELL_PREFIX = CELL_FILENAME.split("{")[0]
 # Python-level functions: name -> (kind, argument holding the payload, argument naming the peer/root).
 CALLS = {
     "send": ("p2p", "tensor", "dst"), "recv": ("p2p", "tensor", "src"),
@@ -56,7 +55,7 @@ _ROOT_ARG = {"broadcast_": 2, "reduce_": 3, "gather_": 3, "scatter_": 3}
 _PEER_ARG = {"send": 2, "recv_": 2}
 # Python functions with no wrapper cell, recorded by the dispatcher layer under their own name.
 _UNWRAPPED = ("isend", "irecv", "batch_isend_irecv", "monitored_barrier")
-_torch: Any = None                   # torch, once a Recorder exists (ranks import it anyway)
+_torch: Any = None                   # torch, once a CallRecorder exists (ranks import it anyway)
 
 
 def _nbytes(value: Any) -> int:
@@ -67,35 +66,20 @@ def _nbytes(value: Any) -> int:
     return 0
 
 
-_HERE = os.path.dirname(__file__)
-_LIBRARY: dict[str, bool] = {}       # filename -> is it library code (not the student's)?
-
-
-def _internal(filename: str) -> bool:
-    known = _LIBRARY.get(filename)
-    if known is None:
-        known = _LIBRARY[filename] = (filename.startswith("<") or "site-packages" in filename
-                                      or "/lib/python" in filename or filename.startswith(_HERE))
-    return known
-
-
 def _site(frame) -> tuple[str | None, str | None]:
-    """(the student's cell line or the innermost non-library line, the torch.distributed caller)."""
-    fallback, caller = None, None
-    while frame is not None:
-        code = frame.f_code
-        name = code.co_filename
-        if name.startswith(_CELL_PREFIX):
-            return f"cell line {frame.f_lineno}", caller
-        if caller is None and code.co_name in _UNWRAPPED and name.endswith("distributed_c10d.py"):
-            caller = code.co_name
-        if fallback is None and not _internal(name):
-            fallback = f"{os.path.basename(name)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return fallback, caller
+    """(the user's line, or None; the torch.distributed function the user called, if unwrapped).
+
+    The second is for the dispatcher layer: an op issued inside ``isend`` (or
+    ``batch_isend_irecv``, ``monitored_barrier``) is the rank's own call, not torch's.
+    """
+    found = locate(records(frame))
+    caller = found.call if found.call in _UNWRAPPED else None
+    return found.line or None, caller
 
 
-class Recorder:
+class CallRecorder:
+    """Records one rank's torch.distributed calls while a trace runs (see ``ddplab.rank.trace``)."""
+
     def __init__(self) -> None:
         global _torch
         import sys

@@ -38,9 +38,9 @@ from __future__ import annotations
 import contextlib
 import time
 
-from .recorder import C10D_OPS, CALLS, Recorder
+from .recorder import C10D_OPS, CALLS, CallRecorder
 
-_recorder: Recorder | None = None
+_recorder: CallRecorder | None = None
 
 
 # ------------------------------------------------------------------ installing
@@ -151,7 +151,7 @@ def start() -> dict:
     if _saved:                       # a trace that never stopped (an interrupt): drop it
         stop()
     _install()
-    _recorder = Recorder()
+    _recorder = CallRecorder()
     return {"boot_id": boot_id(), "wall": time.time()}
 
 
