@@ -373,3 +373,36 @@ def test_fsdp2_model_saved_and_loaded_with_dcp(fresh_lab, tmp_path):
         torch.testing.assert_close(r1["saved"][name], tensor)
     assert_lab_usable(fresh_lab)
 
+
+
+# ------------------------------------------------------------------ tracing such code
+DDP_ON_ITS_OWN_GROUP = """
+from torch.nn.parallel import DistributedDataParallel as DDP
+g = dist.new_group([0, 1])
+m = DDP(torch.nn.Linear(4, 2), process_group=g)
+m(torch.randn(3, 4)).sum().backward()
+dist.destroy_process_group(g)
+"""
+
+
+def test_trace_of_ddp_on_a_group_it_then_destroys(fresh_lab):
+    """Was a KeyError in rank/recorder.py: the group was gone when the trace looked it up."""
+    with fresh_lab.trace() as tr:
+        fresh_lab.run_cell(DDP_ON_ITS_OWN_GROUP)
+    bucket = [e for e in tr.events if e.source == "torch" and e.op == "all_reduce"]
+    assert sorted(e.rank for e in bucket) == [0, 1]
+    assert all(e.group == (0, 1) for e in bucket)
+    assert {e.op for e in tr.events} >= {"new_group", "destroy_process_group", "broadcast"}
+    assert_lab_usable(fresh_lab)
+
+
+@pytest.mark.slow
+def test_trace_of_spawned_code_with_its_own_group(fresh_lab):
+    with fresh_lab.trace() as tr:
+        states = fresh_lab.spawn(demo_basic, args=(2,))
+    ops = [(e.rank, e.op) for e in tr.events]
+    for rank in (0, 1):
+        assert (rank, "init_process_group") in ops and (rank, "destroy_process_group") in ops
+        assert (rank, "all_reduce") in ops                  # DDP's gradient bucket
+    torch.testing.assert_close(states[0]["net1.weight"], states[1]["net1.weight"])
+    assert_lab_usable(fresh_lab)

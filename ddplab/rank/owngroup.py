@@ -43,6 +43,7 @@ import types
 from typing import Any, Callable, Iterator
 
 from ..errors import DdplabError
+from . import recorder
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,7 @@ def set_aside(env: dict[str, str] | None = None, run_id: str = "") -> Iterator[N
     """
     c10d = _c10d()
     world = c10d._world
+    recorder.settle_groups()           # a running trace looks up the lab's groups while it can
     saved = {name: dict(getattr(world, name)) for name in _MAPS}
     tags = {tag: list(groups) for tag, groups in world.tags_to_pg.items()}
     coalesce = dict(world.pg_coalesce_state)
@@ -234,6 +236,7 @@ def set_aside(env: dict[str, str] | None = None, run_id: str = "") -> Iterator[N
     finally:
         _state["aside"] -= 1
         try:
+            recorder.settle_groups()       # and the code's own groups, before they end
             _end_own_groups()
         finally:
             for name in _MAPS:
