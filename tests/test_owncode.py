@@ -406,3 +406,93 @@ def test_trace_of_spawned_code_with_its_own_group(fresh_lab):
         assert (rank, "all_reduce") in ops                  # DDP's gradient bucket
     torch.testing.assert_close(states[0]["net1.weight"], states[1]["net1.weight"])
     assert_lab_usable(fresh_lab)
+
+
+# ------------------------------------------------------------------ ddplab.launch
+RESTARTED = '''
+import os, sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank, attempt = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+print(f"attempt {attempt} on rank {rank}")
+if attempt == 0 and rank == 1:
+    raise SystemExit("rank 1 fails on the first attempt")
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(3, 1))
+g = torch.Generator().manual_seed(rank)
+model(torch.randn(5, 3, generator=g)).sum().backward()
+torch.optim.SGD(model.parameters(), lr=0.1).step()
+torch.save({"attempt": attempt, "state": model.module.state_dict()},
+           os.path.join(sys.argv[1], f"rank{rank}.pt"))
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_torchrun_max_restarts_keeps_every_attempt_by_rank(tmp_path):
+    from ddplab import launch
+    script = tmp_path / "restarted.py"
+    script.write_text(RESTARTED)
+    result = launch.torchrun(str(script), str(tmp_path), nproc_per_node=2, max_restarts=1,
+                             timeout=240)
+    assert result.ok and result.attempts == 2 and result.groups_formed == 4
+    assert "--max-restarts=1" in result.commands[0]
+    assert "[attempt 0]\nattempt 0 on rank 1" in result.rank_output[1]
+    assert "rank 1 fails on the first attempt" in result.rank_output[1]
+    assert "[attempt 1]\nattempt 1 on rank 1" in result.rank_output[1]
+    saved = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert [s["attempt"] for s in saved] == [1, 1]
+    for name, tensor in saved[0]["state"].items():
+        torch.testing.assert_close(saved[1]["state"][name], tensor)
+
+
+def test_torchrun_options_are_checked(tmp_path):
+    from ddplab import launch
+    with pytest.raises(ConfigError, match=r"no option --max-restart\. Did you mean max_restarts"):
+        launch.torchrun("x.py", max_restart=1)
+    with pytest.raises(ConfigError, match="sets --log-dir itself"):
+        launch.torchrun("x.py", log_dir="/tmp")
+
+
+SPAWN_OWN_ARGS = '''
+import os, sys
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def main(rank, world_size, total_epochs, save_every):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    print(f"rank {rank} of {world_size}: epochs={total_epochs} save_every={save_every}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    total_epochs, save_every = int(sys.argv[1]), int(sys.argv[2])
+    mp.spawn(main, args=(2, total_epochs, save_every), nprocs=2)
+'''
+
+GPU_ONLY = '''
+import torch
+import torch.distributed as dist
+if torch.cuda.is_available():
+    dist.init_process_group("nccl")
+print("no GPU, nothing trained")
+'''
+
+
+@pytest.mark.slow
+def test_launches_pass_own_arguments_and_say_when_no_group_formed(tmp_path):
+    from ddplab import launch
+    script = tmp_path / "multigpu.py"
+    script.write_text(SPAWN_OWN_ARGS)
+    spawned = launch.spawn(str(script), "50", "10", timeout=120)
+    assert spawned.commands[0][-2:] == ["50", "10"] and spawned.groups_formed == 2
+    assert "rank 1 of 2: epochs=50 save_every=10" in spawned.launcher_output
+    gpu_only = tmp_path / "gpu_only.py"
+    gpu_only.write_text(GPU_ONLY)
+    result = launch.torchrun(str(gpu_only), nproc_per_node=2, timeout=120)
+    assert result.groups_formed == 0
+    assert "no process formed a process group" in repr(result)
