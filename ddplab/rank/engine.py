@@ -186,7 +186,9 @@ def _format_error(exc: BaseException, keep: Callable[[str], bool]) -> str:
     # Drop leading frames that are ddplab's machinery, keep the user's code.
     while tb is not None and frames and not keep(frames[0].filename):
         tb, frames = tb.tb_next, frames[1:]
-    return relative_to_site_packages("".join(traceback.format_exception(type(exc), exc, tb)).rstrip())
+    from .owngroup import explain  # why there is no default group, if the lab's was destroyed
+    return relative_to_site_packages("".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+                                     + explain(exc))
 
 
 def relative_to_site_packages(text: str) -> str:

@@ -18,8 +18,9 @@ This module lets such code run unchanged, and explains what happens otherwise:
   ``lab.spawn``) and ``run_script`` (for ``lab.run_script``) run user code in it.
 - ``guard()``: once the lab's group exists, an ``init_process_group`` outside
   ``set_aside`` fails at once with a message naming the two ways to run such
-  code, and a ``destroy_process_group()`` of the lab's group says what it did
-  and how to get the group back.
+  code, and after a ``destroy_process_group()`` of the lab's group, the error
+  it leads to ("Default process group has not been initialized") says what
+  happened and how to get the group back (``explain``).
 
 torch keeps its group state in ``torch.distributed.distributed_c10d``: the
 default group (``_world.default_pg``), per-group maps (``pg_map``,
@@ -51,8 +52,8 @@ log = logging.getLogger(__name__)
 _MAPS = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag")
 #: How long the GIL is released before code's own group ends (see ``_let_workers_drain``).
 DRAIN_S = 0.1
-_state: dict[str, Any] = {"lab_pg": None, "aside": 0, "inits": 0, "agent_store": None, "run_id": "",
-                          "run_inits": 0,
+_state: dict[str, Any] = {"lab_pg": None, "lab_destroyed": False, "aside": 0, "inits": 0,
+                          "run_id": "", "run_inits": 0, "agent_store": None,
                           "real_init": None, "real_destroy": None}
 
 
@@ -113,8 +114,7 @@ def guard() -> None:
         real_destroy(group)
         if ending_lab:
             _state["lab_pg"] = None
-            if not _called_by_ddplab():
-                print(_destroyed_message(), file=sys.stderr, flush=True)
+            _state["lab_destroyed"] = not _called_by_ddplab()
 
     destroy_process_group.__wrapped__ = real_destroy
     for module in (dist, c10d):
@@ -194,12 +194,19 @@ def _twice_message() -> str:
             f"init_process_group and destroy_process_group.")
 
 
-def _destroyed_message() -> str:
-    return (f"ddplab: destroy_process_group() removed the lab's process group on rank {_rank()}. "
-            f"torch.distributed calls in later cells fail with 'Default process group has not "
-            f"been initialized' until you get it back with lab.restart() (fresh ranks, in the "
-            f"lab's group again). To run code that makes and destroys its own group, use "
-            f"lab.spawn(fn, args=(...)) or lab.run_script('train.py'): they keep the lab's group.")
+def explain(exc: BaseException) -> str:
+    """For an error on a rank whose lab group the student destroyed: what happened, and the fix.
+
+    Said with the error it causes, not when ``destroy_process_group()`` runs: that
+    is also how a notebook's last cell cleans up, where there is nothing to fix.
+    """
+    if not _state.get("lab_destroyed") or "process group has not been initialized" not in str(exc):
+        return ""
+    return (f"\nddplab: an earlier destroy_process_group() removed the lab's process group on rank "
+            f"{_rank()}, so this rank is in no group now. Get it back with lab.restart() (fresh "
+            f"ranks, in the lab's group again). To run code that makes and destroys its own "
+            f"group, use lab.spawn(fn, args=(...)) or lab.run_script('train.py'): they keep the "
+            f"lab's group.")
 
 
 # ------------------------------------------------------------------ setting aside
