@@ -499,3 +499,26 @@ def test_launches_pass_own_arguments_and_say_when_no_group_formed(tmp_path):
     result = launch.torchrun(str(gpu_only), nproc_per_node=2, timeout=120)
     assert result.groups_formed == 0
     assert "no process formed a process group" in repr(result)
+
+
+# ------------------------------------------------------------------ notebook 03's checker
+def all_reduce_demo(rank, world_size):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item()
+
+
+def no_group_of_its_own(rank, world_size):
+    return float(rank + 1)                    # no group, no all_reduce: each rank's own value
+
+
+def test_own_group_demo_checker(fresh_lab, capsys):
+    import ddplab
+    ddplab.check.own_group_demo(all_reduce_demo, fresh_lab)
+    assert capsys.readouterr().out.startswith("Correct: lab.spawn ran your function on 2 ranks")
+    with pytest.raises(AssertionError, match="what fn\\(rank, world_size\\) returned"):
+        ddplab.check.own_group_demo(no_group_of_its_own, fresh_lab)
+    assert_lab_usable(fresh_lab)
