@@ -183,10 +183,9 @@ def torchrun(script: str, *args: str, nproc_per_node: int = 2, nnodes: int = 1,
 
 
 #: torchrun options ddplab sets itself, and why.
-_OWN_OPTIONS = {"log_dir": "each worker's output is read from there, by rank",
-                "redirects": "each worker's output is read from its own file, by rank",
-                "node_rank": "nnodes=N starts node ranks 0..N-1", "master_addr": "ranks meet on "
-                f"{HOST}", "master_port": "a free port is chosen, never a fixed 29500"}
+_OWN_OPTIONS = {"log_dir": "output is read from there, by rank", "redirects": "output is read "
+                "from a file per rank", "node_rank": "nnodes=N starts node ranks 0..N-1",
+                "master_addr": f"ranks meet on {HOST}", "master_port": "it picks a free one"}
 
 
 def torchrun_options(options: dict[str, object], port: int) -> list[str]:
@@ -200,16 +199,14 @@ def torchrun_options(options: dict[str, object], port: int) -> list[str]:
             raise ConfigError(f"ddplab: launch.torchrun sets {flag} itself ({_OWN_OPTIONS[name]}), "
                               f"so {name}={value!r} cannot be passed. Leave it out.")
         if flag not in known:
-            close = [c.lstrip("-").replace("-", "_")
+            close = [c.lstrip("-").replace("-", "_") + "=...? "
                      for c in difflib.get_close_matches(flag, sorted(known), n=1)]
-            hint = f"Did you mean {close[0]}=...? " if close else ""
+            hint = "".join(f"Did you mean {c}" for c in close)
             raise ConfigError(f"ddplab: launch.torchrun got {name}={value!r}, but torchrun has no "
                               f"option {flag}. {hint}Options are torchrun's, with _ for -: "
                               f"max_restarts=1.")
-        if value is True:
-            words.append(flag)
-        elif value not in (False, None):
-            words.append(f"{flag}={value}")
+        if value not in (False, None):
+            words.append(flag if value is True else f"{flag}={value}")
     if "rdzv_backend" in options and "rdzv_endpoint" not in options:
         words.append(f"--rdzv-endpoint={HOST}:{port}")
     return words
@@ -288,11 +285,12 @@ def command_line(launch: Launch, index: int = 0) -> str:
 
 # ----------------------------------------------------------------- the runner
 # Put on the launched processes' PYTHONPATH as sitecustomize.py: once torch.distributed
-# is imported, each init_process_group that succeeds leaves a file in the launch's folder.
+# is imported, each init_process_group that succeeds leaves a file in the launch's folder,
+# and one in a restarted torchrun attempt meets under keys of its own attempt.
 # (torch.distributed imports distributed_c10d's names when it loads, so the wrapper must be
 # in place before that: a finder wraps the module as it is executed.)
 _HOOK = """
-import importlib.machinery, os, sys
+import importlib.machinery, inspect, os, sys
 
 class _Finder:
     def find_spec(self, name, path, target=None):
@@ -305,9 +303,21 @@ class _Finder:
         def exec_module(module):
             run(module)
             real = module.init_process_group
+            signature = inspect.signature(real)
 
             def init_process_group(*args, **kwargs):
-                result = real(*args, **kwargs)
+                attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+                bound = signature.bind(*args, **kwargs).arguments
+                if attempt != "0" and bound.get("store") is None:
+                    # A restart meets at the same agent store, where the last attempt's
+                    # keys still are; read before overwritten, they hang the new group.
+                    timeout = bound.get("timeout") or module.default_pg_timeout
+                    store, rank, size = next(module.rendezvous(
+                        bound.get("init_method") or "env://", bound.get("rank", -1),
+                        bound.get("world_size", -1), timeout=timeout))
+                    bound.update(init_method=None, rank=rank, world_size=size,
+                                 store=module.PrefixStore("attempt_" + attempt, store))
+                result = real(**bound)
                 open(os.path.join(os.environ["DDPLAB_LAUNCH_DIR"],
                                   "formed-%d" % os.getpid()), "w").close()
                 return result
@@ -334,9 +344,9 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
         os.mkdir(hook)
         with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
             f.write(_HOOK)
-        path = env.get("PYTHONPATH")
         env.update({_REPORT_DIR: folder, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
-                    "PYTHONPATH": hook + (os.pathsep + path if path else "")}, **given)
+                    "PYTHONPATH": os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))},
+                   **given)
         # Each launcher leads a session of its own: ending it ends the children
         # that stay in it (mp.spawn's), and never the kernel. torchrun's workers
         # lead sessions of their own; the group notes them while it waits.

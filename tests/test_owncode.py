@@ -522,3 +522,24 @@ def test_own_group_demo_checker(fresh_lab, capsys):
     with pytest.raises(AssertionError, match="what fn\\(rank, world_size\\) returned"):
         ddplab.check.own_group_demo(no_group_of_its_own, fresh_lab)
     assert_lab_usable(fresh_lab)
+
+
+@pytest.mark.slow
+def test_spawn_and_run_script_on_bare_ranks(tmp_path, capsys):
+    """start(init_method=None): no lab group to set aside, the same code runs all the same."""
+    from ddplab.lab import Lab, LabSpec
+    script = tmp_path / "multigpu_torchrun.py"
+    script.write_text(SCRIPT)
+    bare = Lab(LabSpec(world_size=2, backend="gloo", timeout=60, grace=2.0, pg_timeout=1800,
+                       debug=False, init_method=None), gpus=0).start()
+    try:
+        for _ in range(2):                    # the tutorial's fixed port, twice in one process
+            states = bare.spawn(demo_basic, args=(2,))
+            torch.testing.assert_close(states[0]["net1.weight"], states[1]["net1.weight"])
+        capsys.readouterr()
+        bare.run_script(str(script), 1, str(tmp_path / "snapshot.pt"))
+        captured = capsys.readouterr()
+        assert "[GPU1] Epoch 0 done" in captured.out
+        assert "without forming a process group" not in captured.err
+    finally:
+        bare.stop()

@@ -9,11 +9,14 @@ unchanged on a lab's ranks:
 
 - ``spawn(lab, fn, args)``: ``fn(rank, *args)`` on every rank, the results by
   rank (``torch.multiprocessing.spawn``'s contract, with the lab's ranks as
-  the processes). ``MASTER_ADDR``/``MASTER_PORT`` name a free port on rank 0's
-  host, for code that does not set its own.
+  the processes). ``MASTER_ADDR``/``MASTER_PORT`` name the run's store, for
+  code that does not set its own; code that does meets there all the same.
 - ``run_script(lab, path, argv)``: the file as ``__main__`` on every rank,
-  with the environment torchrun gives a worker; the ranks meet at a store rank
-  0 holds, as torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE``).
+  with the environment torchrun gives a worker.
+
+Either way the ranks meet at a fresh store rank 0 holds for the run, as
+torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE``), whatever port the
+code names (``ddplab.rank.owngroup`` says why).
 
 On each rank, ``ddplab.rank.owngroup.set_aside`` puts the lab's group aside
 while the code runs and brings it back afterwards, whether the code destroyed
@@ -58,13 +61,17 @@ def spawn(lab: "Lab", fn: Callable, args: tuple = (), timeout: float | None = No
                           "the ranks and returns their results. Leave join out.")
     timeout = _timeout(lab, timeout)
     lab.ensure_usable()
-    host = lab.hosts[0]["address"]
-    port = lab.run(owngroup.free_port, host, ranks=[0], timeout=timeout)[0]
-    env = {"MASTER_ADDR": host, "MASTER_PORT": str(port)}
+    host, port = _open_store(lab, timeout)
     run_id = uuid.uuid4().hex[:12]
-    tasks = [lab.calls.call(rank, engine.call, owngroup.run_spawned, (fn, rank, args, env, run_id),
-                            {}) for rank in lab.ranks]
-    lab.calls.finish(tasks, timeout, grace=None)
+    try:
+        tasks = [lab.calls.call(rank, engine.call, owngroup.run_spawned,
+                                (fn, rank, args, {"MASTER_ADDR": host, "MASTER_PORT": str(port),
+                                                  "RANK": str(rank),
+                                                  "WORLD_SIZE": str(lab.world_size)}, run_id), {})
+                 for rank in lab.ranks]
+        lab.calls.finish(tasks, timeout, grace=None)
+    finally:
+        _close_store(lab)
     return [task.outcome["value"] for task in sorted(tasks, key=lambda t: t.rank)]
 
 
@@ -83,9 +90,7 @@ def run_script(lab: "Lab", path: str | os.PathLike, argv: tuple = (),
     args = [str(a) for a in argv]
     timeout = _timeout(lab, timeout)
     lab.ensure_usable()
-    host = lab.hosts[0]["address"]
-    port = lab.run(owngroup.open_agent_store, host, lab.world_size, timeout,
-                   ranks=[0], timeout=timeout)[0]
+    host, port = _open_store(lab, timeout)
     envs = torchrun_env(lab, host, port)
     try:
         tasks = [lab.calls.call(rank, engine.call, owngroup.run_script, (path, args, envs[rank]),
@@ -111,6 +116,13 @@ def torchrun_env(lab: "Lab", host: str, port: int) -> dict[int, dict[str, str]]:
                 "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True",
             }
     return envs
+
+
+def _open_store(lab: "Lab", timeout: float) -> tuple[str, int]:
+    """Rank 0 holds a fresh store for the run (as torchrun's agent does): its address and port."""
+    host = lab.hosts[0]["address"]
+    return host, lab.run(owngroup.open_agent_store, host, lab.world_size, timeout,
+                         ranks=[0], timeout=timeout)[0]
 
 
 def _close_store(lab: "Lab") -> None:

@@ -53,7 +53,7 @@ _MAPS = ("pg_map", "pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag
 #: How long the GIL is released before code's own group ends (see ``_let_workers_drain``).
 DRAIN_S = 0.1
 _state: dict[str, Any] = {"lab_pg": None, "lab_destroyed": False, "aside": 0, "inits": 0,
-                          "run_id": "", "run_inits": 0, "agent_store": None,
+                          "run_id": "", "run_inits": 0, "meet": None, "agent_store": None,
                           "real_init": None, "real_destroy": None}
 
 
@@ -75,9 +75,18 @@ def guard() -> None:
 
     Called by ``engine.join_group`` once the lab's group has formed.
     """
+    _state["lab_pg"] = _c10d()._world.default_pg
+    _install()
+
+
+def _install() -> None:
+    """Wrap ``init_process_group`` and ``destroy_process_group`` (once per process).
+
+    Bare ranks (``start(init_method=None)``) get the wrappers from ``set_aside``:
+    with no lab group to guard, they only count groups and give each its own keys.
+    """
     import torch.distributed as dist
     c10d = _c10d()
-    _state["lab_pg"] = c10d._world.default_pg
     if _state["real_init"] is not None:
         return
     # init_process_group is torch's logging wrapper around the real function, held in
@@ -123,26 +132,36 @@ def guard() -> None:
 
 
 def _own_rendezvous(arguments: dict[str, Any]) -> None:
-    """Meet where the code says (``env://``, ``tcp://``, ``file://``), under keys of this run only.
+    """Meet at the run's own store, under keys of this group only.
 
-    ``init_process_group`` does the same rendezvous itself; we do it first, to
-    put the run's own prefix on the store. A process keeps a TCPStore it once
-    served alive while any group it made is alive, and torch keeps the first
-    group a DDP model used alive for the life of the process. Code that names a
-    fixed MASTER_PORT (the DDP tutorial's 12355) and runs a second time in this
-    process meets that old store, whose keys still describe the old group, and
-    waits forever. Under a fresh prefix the old keys are never read.
+    ``init_process_group`` does a rendezvous itself; we do it first. Code that
+    meets by address (``env://``, ``tcp://``) meets at the store rank 0 holds
+    for this run (``open_agent_store``), whatever MASTER_PORT it names: every
+    rank names the same one, so every rank is sent to the same place. A fixed
+    port would not do on a long-lived rank: torch keeps the first group a DDP
+    model used alive for the life of the process, and with it the TCPStore
+    rank 0 served at that port. The next run would meet that old store (whose
+    keys still describe the old group: it waits forever), and any other
+    process, a launch or a second lab, would find the port taken. Code that
+    meets in a file (``file://``) meets there.
     """
     backend = str(arguments.get("backend") or "").lower()
     if arguments.get("store") is not None or backend in ("mpi", "fake"):
         return
     c10d = _c10d()
     timeout = arguments.get("timeout") or c10d.default_pg_timeout
-    store, rank, world_size = next(c10d.rendezvous(
-        arguments.get("init_method") or "env://", arguments.get("rank", -1),
-        arguments.get("world_size", -1), timeout=timeout))
+    method = arguments.get("init_method") or "env://"
+    rank, world_size = arguments.get("rank", -1), arguments.get("world_size", -1)
+    meet = _state["meet"]
+    if meet is not None and method.startswith(("env://", "tcp://")):
+        rank = rank if rank >= 0 else int(os.environ["RANK"])
+        world_size = world_size if world_size >= 0 else int(os.environ["WORLD_SIZE"])
+        import torch.distributed as dist
+        store = dist.TCPStore(meet[0], meet[1], world_size, is_master=False, timeout=timeout)
+    else:
+        store, rank, world_size = next(c10d.rendezvous(method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
-    _state["run_inits"] += 1           # a second group in one run gets keys of its own too
+    _state["run_inits"] += 1           # a second group in one run gets keys of its own
     prefix = f"ddplab/{_state['run_id']}/{_state['run_inits']}"
     arguments.update(init_method=None, rank=rank, world_size=world_size,
                      store=c10d.PrefixStore(prefix, store))
@@ -219,6 +238,7 @@ def set_aside(env: dict[str, str] | None = None, run_id: str = "") -> Iterator[N
     variable the body changes, ``sys.argv``, ``sys.path`` and ``sys.excepthook``
     (each ``init_process_group`` wraps it) are put back as they were.
     """
+    _install()
     c10d = _c10d()
     world = c10d._world
     recorder.settle_groups()           # a running trace looks up the lab's groups while it can
@@ -238,6 +258,9 @@ def set_aside(env: dict[str, str] | None = None, run_id: str = "") -> Iterator[N
     os.environ.update(env or {})
     _state["aside"] += 1
     _state["run_id"], _state["run_inits"] = run_id or str(os.getpid()), 0
+    given = env or {}
+    _state["meet"] = ((given["MASTER_ADDR"], int(given["MASTER_PORT"]))
+                      if "MASTER_ADDR" in given and "MASTER_PORT" in given else None)
     try:
         yield
     finally:
@@ -349,15 +372,8 @@ def _cuda_available() -> bool:
 
 
 # ------------------------------------------------------------------ a fresh rendezvous
-def free_port(host: str) -> int:
-    """A port on ``host`` that is free right now (for code that sets MASTER_PORT itself)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def open_agent_store(host: str, world_size: int, timeout_s: float) -> int:
-    """On rank 0: start the TCPStore a torchrun script's ranks meet at; return its port.
+    """On rank 0: start the TCPStore the ranks of one ``lab.spawn`` / ``run_script`` meet at; its port.
 
     torchrun's agent holds this store and tells its workers so with
     ``TORCHELASTIC_USE_AGENT_STORE=True``: every rank, rank 0 too, then connects
