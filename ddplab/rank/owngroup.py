@@ -328,7 +328,6 @@ def run_script(path: str, argv: list[str], env: dict[str, str]) -> None:
     so classes it defines pickle (``torch.save``, DataLoader workers). Its globals
     are then copied into the rank's namespace, as IPython's ``%run`` does.
     """
-    from . import engine
     try:
         with open(path, encoding="utf-8") as f:
             source = f.read()
@@ -353,7 +352,7 @@ def run_script(path: str, argv: list[str], env: dict[str, str]) -> None:
                                    f"{env.get('RANK', '?')}") from e
         finally:
             sys.modules["__main__"] = main
-            engine.namespace().update({k: v for k, v in module.__dict__.items()
+            _rank_namespace().update({k: v for k, v in module.__dict__.items()
                                        if not (k.startswith("__") and k.endswith("__"))})
     if _state["inits"] == inits:
         print(f"ddplab: the script finished on rank {env.get('RANK', '?')} without forming a "
@@ -361,6 +360,14 @@ def run_script(path: str, argv: list[str], env: dict[str, str]) -> None:
               f"not as part of {env.get('WORLD_SIZE', 'the')} ranks. A script that needs a GPU "
               f"may have skipped its training here (torch.cuda.is_available() is "
               f"{_cuda_available()}).", file=sys.stderr, flush=True)
+
+
+def _rank_namespace() -> dict:
+    """What ``%%ranks`` cells see: the engine's IPython namespace (as ``engine.namespace()``,
+    which imports this module: asking IPython ourselves keeps the two free of a cycle)."""
+    from IPython import get_ipython
+    shell = get_ipython()
+    return shell.user_ns if shell is not None else {}
 
 
 def _cuda_available() -> bool:
