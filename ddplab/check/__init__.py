@@ -22,6 +22,7 @@ from . import (
                launchers,
                multinode,
                p2p,
+               precision,
                setup,
                sharding,
                sharding_model,
@@ -35,6 +36,7 @@ from .collectives import *  # noqa: F401,F403
 from .launchers import *  # noqa: F401,F403
 from .multinode import *  # noqa: F401,F403
 from .p2p import *  # noqa: F401,F403
+from .precision import *  # noqa: F401,F403
 from .setup import *  # noqa: F401,F403
 from .sharding import *  # noqa: F401,F403
 from .sharding_model import *  # noqa: F401,F403
@@ -43,5 +45,6 @@ from .training import *  # noqa: F401,F403
 
 __all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *byhand.__all__,
                   *collectives.__all__, *launchers.__all__, *multinode.__all__, *p2p.__all__,
+                  *precision.__all__,
                   *setup.__all__, *sharding.__all__, *sharding_model.__all__,
                   *timeline.__all__, *training.__all__])
