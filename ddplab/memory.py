@@ -23,8 +23,8 @@ __all__ = ["breakdown", "deep_mlp", "saved_bytes"]
 def saved_bytes(forward: Callable[[], Any], model: Any = None) -> int:
     """Bytes of the tensors autograd saves for backward while ``forward()`` runs: the activations.
 
-    Each storage counts once (a tensor saved by two operations, a view and
-    its base). Parameters (``model``'s, and any ``nn.Parameter``) are left
+    Each storage counts once, as its largest saved view (a tensor saved by
+    two operations; a batch sliced from a dataset counts the batch only). Parameters (``model``'s, and any ``nn.Parameter``) are left
     out: they are counted as parameters, not activations. ``forward`` returns
     what backward would start from; nothing is run backward here.
     """
@@ -37,7 +37,9 @@ def saved_bytes(forward: Callable[[], Any], model: Any = None) -> int:
     def pack(tensor: Any) -> Any:
         storage = tensor.untyped_storage()
         if not isinstance(tensor, torch.nn.Parameter) and storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
+            # a view's own bytes, not its storage's: a batch sliced from the dataset is not the dataset
+            ptr = storage.data_ptr()
+            seen[ptr] = max(seen.get(ptr, 0), tensor.numel() * tensor.element_size())
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
