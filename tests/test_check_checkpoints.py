@@ -127,14 +127,14 @@ def train(path, epochs, stop_after=None):
     model, optimizer, sampler, loader = make_run()
     start = 0
     if latest(path):
-        start = load_resharded(latest(path), model, optimizer)
+        start = load_state(latest(path), model, optimizer)
     for epoch in range(start, epochs):
         sampler.set_epoch(epoch)
         for x, y in loader:
             optimizer.zero_grad()
             F.cross_entropy(model(x), y).backward()
             optimizer.step()
-        save_sharded(os.path.join(path, f"epoch{epoch + 1}"), model, optimizer, epoch + 1)
+        save_state(os.path.join(path, f"epoch{epoch + 1}"), model, optimizer, epoch + 1)
         if stop_after is not None and epoch + 1 == stop_after:
             break
     return sharding.full_weights(model)
@@ -142,15 +142,15 @@ def train(path, epochs, stop_after=None):
 
 
 def test_resumable_train_accepts_a_loop_that_restores_the_epoch(fresh_lab, capsys):
-    fresh_lab.run_cell(TRAIN + "save_sharded = load_resharded = None   # the check brings its own")
+    fresh_lab.run_cell(TRAIN + "save_state = load_state = None   # the check brings its own")
     ddplab.check.resumable_train()
     assert last_line(capsys).startswith("Correct: stopped after epoch 1 and resumed")
-    assert fresh_lab.run_cell("print(save_sharded is None)") is None
+    fresh_lab.run_cell("assert save_state is None and load_state is None")   # given back
 
 
 @pytest.mark.parametrize("edit,needle", [
     (("sampler.set_epoch(epoch)", "sampler.set_epoch(epoch - start)"), "sampler.set_epoch(epoch)"),
-    (("        start = load_resharded(", "        load_resharded("), "is wrong"),
+    (("        start = load_state(", "        load_state("), "is wrong"),
     (("        if stop_after is not None and epoch + 1 == stop_after:\n            break\n", ""),
      "return right after saving"),
     (('f"epoch{epoch + 1}"', '"last"'), "save one checkpoint per epoch"),

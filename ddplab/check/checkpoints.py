@@ -259,14 +259,14 @@ def load_resharded(lab: Any = None) -> None:
 
 # --------------------------------------------------------------- resumable_train
 def _train_answers(student: Callable, folder: str, epochs: int) -> dict:
-    """On a rank: uninterrupted, stopped and resumed; with the reference save/load in place of the
-    student's, so that this check depends on the loop only."""
+    """On a rank: uninterrupted, stopped and resumed, with ``save_state`` and ``load_state`` torch's
+    own save and load (the notebook's, whatever the namespace holds now): the loop is what is checked."""
     from ddplab.rank.engine import namespace
 
     ns = namespace()
-    names = ("save_sharded", "load_resharded")
+    names = ("save_state", "load_state")
     kept = {name: ns[name] for name in names if name in ns}
-    ns.update(save_sharded=reference_save, load_resharded=reference_load)
+    ns.update(save_state=reference_save, load_state=reference_load)
     try:
         whole = student(os.path.join(folder, "whole"), epochs)
         first = student(os.path.join(folder, "resumed"), epochs, stop_after=1)
