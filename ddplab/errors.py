@@ -75,5 +75,9 @@ class GradeError(DdplabError, ValueError):
     """The grading cannot start: a reference notebook is missing or unusable."""
 
 
+class CourseError(DdplabError, ValueError):
+    """No course notebooks where they should be, or no exercise of that name."""
+
+
 class ReleaseError(DdplabError, ValueError):
     """A course notebook whose solution markers cannot be turned into a stub."""

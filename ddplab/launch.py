@@ -3,8 +3,10 @@
     from ddplab import launch
     result = launch.torchrun("train.py", nproc_per_node=2)              # one node
     result = launch.torchrun("show_env.py", nproc_per_node=2, nnodes=2)  # two "nodes" on 127.0.0.1
+    result = launch.torchrun("train.py", "50", "10", max_restarts=1)  # any torchrun option
     result = launch.spawn("spawn_demo.py", nprocs=2)   # python spawn_demo.py 2 PORT
     result = launch.spawn("spawn_nodes.py", nprocs=2, nnodes=2)  # ... 2 PORT 0 2, and ... 2 PORT 1 2
+    result = launch.spawn("multigpu.py", "50", "10")   # python multigpu.py 50 10: its own arguments
     print(result.output_by_rank())                    # each rank's output, rank 0 first
 
 A cell cannot hand ``mp.spawn`` or ``torchrun`` a function defined in the
@@ -18,7 +20,7 @@ What it guarantees:
 - Every process a launch started is ended when it returns, even when the
   script fails or hangs past ``timeout``: the launcher's session, and every
   process it started (torchrun puts each worker in a session of its own, so
-  ddplab notes them while it waits), by ``ddplab.procs``' policy.
+  ddplab notes them while it waits), by one ``ddplab.procs.Group``.
 - Output comes back per rank, in rank order: torchrun writes each worker's
   stdout to its own file (``--log-dir``/``--redirects``); for ``spawn``, lines
   a rank prints as ``[rank N] ...`` are grouped under rank N. Ports and
@@ -26,6 +28,13 @@ What it guarantees:
   same on every run.
 - A launched script can call ``report_env()`` to record the torch.distributed
   variables it sees; ``result.reports`` holds them by rank.
+- Every attempt of a torchrun job restarted by ``max_restarts`` keeps its
+  output, each rank's under ``[attempt K]`` lines (``result.attempts`` counts them).
+- A launch whose processes all exit 0 without any of them forming a process
+  group (a GPU-only script on a machine without GPUs skips its training) does
+  not read "ok": ``result.groups_formed`` is 0 and its repr says so. The
+  launched processes tell ddplab, through a ``sitecustomize`` on their
+  ``PYTHONPATH``, each time one of them forms a group.
 
 A failed launch raises ``LaunchError`` with each rank's output and the
 launcher's own last lines; ``check=False`` returns the ``Launch`` instead.
@@ -33,15 +42,14 @@ launcher's own last lines; ``check=False`` returns the ``Launch`` instead.
 
 from __future__ import annotations
 
+import difflib
 import glob
 import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 
 from . import procs
@@ -54,11 +62,9 @@ ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK
              "MASTER_ADDR", "MASTER_PORT")
 _REPORT_DIR = "DDPLAB_LAUNCH_DIR"
 # After one command fails, the time the others get to exit by themselves, so
-# that their own error message (often the real cause) is kept, before they are ended.
+# that their own error message (often the real cause) is kept, before they are
+# ended (after ``procs.END_GRACE_S`` for SIGTERM).
 _SETTLE_S = 5.0
-# How long a launch's processes get to act on SIGTERM (torchrun then ends its
-# workers itself) before they are killed.
-_END_GRACE_S = 3.0
 _RANK_MARK = re.compile(r"\[rank (\d+)\] ?")
 
 
@@ -71,6 +77,8 @@ class Launch:
     launcher_output: str                   # the launchers' own stdout and stderr, cleaned
     rank_output: dict[int, str] = field(default_factory=dict)
     reports: dict[int, dict] = field(default_factory=dict)
+    attempts: int = 1                      # torchrun: how many times the workers were started
+    groups_formed: int | None = None       # processes that formed a process group (None: unknown)
 
     @property
     def ok(self) -> bool:
@@ -88,6 +96,11 @@ class Launch:
     def __repr__(self) -> str:
         state = ("ok" if self.ok else "timed out" if self.timed_out
                  else f"failed (exit codes {self.returncodes})")
+        if self.ok and self.groups_formed == 0:
+            state = ("exited 0 but no process formed a process group (never called "
+                     "init_process_group: a GPU-only script on a machine without GPUs?)")
+        if self.attempts > 1:
+            state += f", {self.attempts} attempts"
         return f"<ddplab.launch.Launch: {len(self.commands)} command(s), {state}, " \
                f"{len(self.reports)} rank(s) reported>"
 
@@ -143,8 +156,12 @@ def env_table(reports: dict[int, dict] | list[dict], names: tuple[str, ...] = EN
 
 # --------------------------------------------------------------------- launchers
 def torchrun(script: str, *args: str, nproc_per_node: int = 2, nnodes: int = 1,
-             timeout: float = 120, check: bool = True) -> Launch:
+             timeout: float = 120, check: bool = True, **options: object) -> Launch:
     """Run ``torchrun`` on ``script``, on 127.0.0.1, and wait for it.
+
+    Any other torchrun option is passed on: ``max_restarts=1`` becomes
+    ``--max-restarts=1``, ``rdzv_backend="c10d"`` ``--rdzv-backend=c10d`` (at a
+    free ``--rdzv-endpoint`` unless given), ``standalone=True`` ``--standalone``.
 
     With ``nnodes=2`` it starts two torchrun invocations at once, ``--node_rank
     0`` and ``1``, which meet at one free ``--master_port`` and form one group
@@ -157,15 +174,50 @@ def torchrun(script: str, *args: str, nproc_per_node: int = 2, nnodes: int = 1,
     check_world_size(nproc_per_node * nnodes)
     timeout = check_timeout(timeout, example=120)
     port = free_port(HOST)
+    extra = torchrun_options(options, port)
     commands = [torchrun_command([script, *map(str, args)], nnodes=nnodes, node_rank=node,
                                  nproc_per_node=nproc_per_node, master_port=port,
-                                 log_dir=f"{{dir}}/logs-node{node}")
+                                 log_dir=f"{{dir}}/logs-node{node}", options=extra)
                 for node in range(nnodes)]
     return _run(commands, [port], timeout, check, torchrun_nproc=nproc_per_node)
 
 
+#: torchrun options ddplab sets itself, and why.
+_OWN_OPTIONS = {"log_dir": "each worker's output is read from there, by rank",
+                "redirects": "each worker's output is read from its own file, by rank",
+                "node_rank": "nnodes=N starts node ranks 0..N-1", "master_addr": "ranks meet on "
+                f"{HOST}", "master_port": "a free port is chosen, never a fixed 29500"}
+
+
+def torchrun_options(options: dict[str, object], port: int) -> list[str]:
+    """``{"max_restarts": 1}`` as ``["--max-restarts=1"]``; ConfigError for options torchrun lacks."""
+    from torch.distributed.run import get_args_parser
+    known = {s for a in get_args_parser()._actions for s in a.option_strings}
+    words = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if name in _OWN_OPTIONS:
+            raise ConfigError(f"ddplab: launch.torchrun sets {flag} itself ({_OWN_OPTIONS[name]}), "
+                              f"so {name}={value!r} cannot be passed. Leave it out.")
+        if flag not in known:
+            close = [c.lstrip("-").replace("-", "_")
+                     for c in difflib.get_close_matches(flag, sorted(known), n=1)]
+            hint = f"Did you mean {close[0]}=...? " if close else ""
+            raise ConfigError(f"ddplab: launch.torchrun got {name}={value!r}, but torchrun has no "
+                              f"option {flag}. {hint}Options are torchrun's, with _ for -: "
+                              f"max_restarts=1.")
+        if value is True:
+            words.append(flag)
+        elif value not in (False, None):
+            words.append(f"{flag}={value}")
+    if "rdzv_backend" in options and "rdzv_endpoint" not in options:
+        words.append(f"--rdzv-endpoint={HOST}:{port}")
+    return words
+
+
 def torchrun_command(target: list[str], *, nnodes: int, node_rank: int, nproc_per_node: int,
-                     master_port: int, master_addr: str = HOST, log_dir: str = "") -> list[str]:
+                     master_port: int, master_addr: str = HOST, log_dir: str = "",
+                     options: list[str] = ()) -> list[str]:
     """The command line of one torchrun invocation (``python -m torch.distributed.run``).
 
     ``target`` is what torchrun runs: ``["script.py", args...]`` or ``["-m", "module", ...]``.
@@ -177,12 +229,17 @@ def torchrun_command(target: list[str], *, nnodes: int, node_rank: int, nproc_pe
                "--master_addr", master_addr, "--master_port", str(master_port)]
     if log_dir:
         command += ["--log_dir", log_dir, "--redirects", "3"]
-    return command + list(target)
+    return command + list(options) + list(target)
 
 
-def spawn(script: str, nprocs: int = 2, nnodes: int = 1, timeout: float = 120,
+def spawn(script: str, *args: str, nprocs: int = 2, nnodes: int = 1, timeout: float = 120,
           check: bool = True) -> Launch:
     """Run ``python script NPROCS PORT``: a script that calls ``torch.multiprocessing.spawn``.
+
+    Given the script's own arguments (``launch.spawn("multigpu.py", "50", "10")``),
+    it runs ``python multigpu.py 50 10``, as given, and says the rest in the
+    environment instead: ``MASTER_ADDR``, ``MASTER_PORT`` (a free port) and
+    ``DDPLAB_NPROCS`` (and ``DDPLAB_NODE_RANK``, ``DDPLAB_NNODES`` with ``nnodes=2``).
 
     The script gets the number of processes and a free port as its two
     arguments; with ``mp.spawn`` it sets MASTER_ADDR/MASTER_PORT itself (no
@@ -199,6 +256,13 @@ def spawn(script: str, nprocs: int = 2, nnodes: int = 1, timeout: float = 120,
     check_world_size(nprocs * nnodes)
     timeout = check_timeout(timeout, example=120)
     port = free_port(HOST)
+    if args:
+        env = {"MASTER_ADDR": HOST, "MASTER_PORT": str(port), "DDPLAB_NPROCS": str(nprocs),
+               "DDPLAB_NNODES": str(nnodes)}
+        command = [sys.executable, script, *map(str, args)]
+        commands = ([["env", f"DDPLAB_NODE_RANK={node}", *command] for node in range(nnodes)]
+                    if nnodes > 1 else [command])
+        return _run(commands, [port], timeout, check, env=env)
     nodes = [[str(node), str(nnodes)] for node in range(nnodes)] if nnodes > 1 else [[]]
     return _run([[sys.executable, script, str(nprocs), str(port), *node] for node in nodes],
                 [port], timeout, check)
@@ -223,37 +287,68 @@ def command_line(launch: Launch, index: int = 0) -> str:
 
 
 # ----------------------------------------------------------------- the runner
+# Put on the launched processes' PYTHONPATH as sitecustomize.py: once torch.distributed
+# is imported, each init_process_group that succeeds leaves a file in the launch's folder.
+# (torch.distributed imports distributed_c10d's names when it loads, so the wrapper must be
+# in place before that: a finder wraps the module as it is executed.)
+_HOOK = """
+import importlib.machinery, os, sys
+
+class _Finder:
+    def find_spec(self, name, path, target=None):
+        if name != "torch.distributed.distributed_c10d":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            real = module.init_process_group
+
+            def init_process_group(*args, **kwargs):
+                result = real(*args, **kwargs)
+                open(os.path.join(os.environ["DDPLAB_LAUNCH_DIR"],
+                                  "formed-%d" % os.getpid()), "w").close()
+                return result
+            init_process_group.__wrapped__ = real
+            module.init_process_group = init_process_group
+        spec.loader.exec_module = exec_module
+        return spec
+
+if os.environ.get("DDPLAB_LAUNCH_DIR"):
+    sys.meta_path.insert(0, _Finder())
+"""
+
+
 def _run(commands: list[list[str]], ports: list[int], timeout: float, check: bool,
-         torchrun_nproc: int | None = None) -> Launch:
+         torchrun_nproc: int | None = None, env: dict[str, str] | None = None) -> Launch:
     folder = tempfile.mkdtemp(prefix="ddplab_launch-")     # mode 0700
-    commands = [[word.replace("{dir}", folder) for word in cmd] for cmd in commands]
-    env = {k: v for k, v in os.environ.items()
-           # Only the launcher decides these, so a table shows what it set.
-           if k not in ENV_NAMES and k not in ("GROUP_WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE")}
-    env.update({_REPORT_DIR: folder, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"})
-    popens, logs, tree = [], [], procs.Tree()
     try:
-        for index, cmd in enumerate(commands):
-            log = open(os.path.join(folder, f"launcher-{index}.txt"), "w+")
-            logs.append(log)
-            # A session of its own: ending it ends the children that stay in
-            # it (mp.spawn's), and never the kernel.
-            popens.append(procs.start(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
-            tree.add(popens[-1], session=True)
-        codes, timed_out = _wait(popens, tree, timeout)
-    finally:
-        tree.end(grace=_END_GRACE_S)
-        for popen in popens:
-            popen.wait()
-        for log in logs:
-            log.close()
-    try:
+        commands = [[word.replace("{dir}", folder) for word in cmd] for cmd in commands]
+        given, env = env or {}, {k: v for k, v in os.environ.items()
+                                 # Only the launcher decides these, so a table shows what it set.
+                                 if k not in ENV_NAMES and k not in ("GROUP_WORLD_SIZE",
+                                                                     "TORCHELASTIC_USE_AGENT_STORE")}
+        hook = os.path.join(folder, "hook")
+        os.mkdir(hook)
+        with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
+            f.write(_HOOK)
+        path = env.get("PYTHONPATH")
+        env.update({_REPORT_DIR: folder, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
+                    "PYTHONPATH": hook + (os.pathsep + path if path else "")}, **given)
+        # Each launcher leads a session of its own: ending it ends the children
+        # that stay in it (mp.spawn's), and never the kernel. torchrun's workers
+        # lead sessions of their own; the group notes them while it waits.
+        ran = procs.Group(commands, env=env).start().wait(timeout, settle=_SETTLE_S)
         clean = _cleaner(folder, ports)
-        launcher = "\n".join(clean(open(log.name).read()) for log in logs)
+        launcher = "\n".join(clean(done.output) for done in ran)
+        attempts = 1
         if torchrun_nproc is None:
             rank_output = _rank_lines(launcher)
         else:
-            rank_output = _torchrun_logs(folder, len(commands), torchrun_nproc, clean)
+            rank_output, attempts = _torchrun_logs(folder, len(commands), torchrun_nproc, clean)
+        formed = len(glob.glob(os.path.join(folder, "formed-*")))
         reports = {}
         for path in glob.glob(os.path.join(folder, "report-*.json")):
             with open(path) as f:
@@ -262,31 +357,12 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
             reports[int(rank) if rank is not None else len(reports)] = report
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    result = Launch(commands, codes, timed_out, launcher, rank_output, dict(sorted(reports.items())))
+    result = Launch(commands, ran.returncodes, ran.timed_out, launcher, rank_output,
+                    dict(sorted(reports.items())), attempts, formed)
     result.commands = [[clean(word) for word in cmd] for cmd in commands]
     if check and not result.ok:
         raise LaunchError(_failure_message(result, timeout), result)
     return result
-
-
-def _wait(popens: list[subprocess.Popen], tree: procs.Tree,
-          timeout: float) -> tuple[list, bool]:
-    """Wait for every command; return exit codes (None: ended by us) and whether time ran out."""
-    deadline = time.monotonic() + timeout
-    failed_at = None
-    while True:
-        codes = [p.poll() for p in popens]
-        tree.note()              # torchrun's workers lead sessions of their own: note them
-        if all(code is not None for code in codes):
-            return codes, False
-        now = time.monotonic()
-        if failed_at is None and any(code not in (None, 0) for code in codes):
-            failed_at = now
-        if failed_at is not None and now - failed_at >= _SETTLE_S:
-            return codes, False
-        if now >= deadline:
-            return codes, True
-        time.sleep(0.1)
 
 
 def _cleaner(folder: str, ports: list[int]):
@@ -314,22 +390,29 @@ def _rank_lines(text: str) -> dict[int, str]:
     return {rank: "\n".join(lines) + "\n" for rank, lines in sorted(out.items())}
 
 
-def _torchrun_logs(folder: str, nnodes: int, nproc: int, clean) -> dict[int, str]:
-    """torchrun's per-worker files (``<log_dir>/<run>/attempt_<k>/<local_rank>/``), by global rank."""
-    out = {}
+def _torchrun_logs(folder: str, nnodes: int, nproc: int, clean) -> tuple[dict[int, str], int]:
+    """torchrun's per-worker files (``<log_dir>/<run>/attempt_<k>/<local_rank>/``), by global
+    rank, and the number of attempts. After a restart every attempt is kept, each under an
+    ``[attempt K]`` line: the first attempt's error is usually why there was a second."""
+    out, attempts = {}, 1
     for node in range(nnodes):
         for local in range(nproc):
             found = sorted(glob.glob(os.path.join(folder, f"logs-node{node}", "*", "attempt_*",
-                                                  str(local))))
+                                                  str(local))),
+                           key=lambda d: int(os.path.basename(os.path.dirname(d))[8:]))
             if not found:
                 continue
-            text = ""
-            for stream in ("stdout.log", "stderr.log"):
-                path = os.path.join(found[-1], stream)     # the last attempt
-                if os.path.exists(path):
-                    text += open(path).read()
-            out[node * nproc + local] = clean(text)
-    return dict(sorted(out.items()))
+            attempts = max(attempts, len(found))
+            parts = []
+            for k, where in enumerate(found):
+                text = ""
+                for stream in ("stdout.log", "stderr.log"):
+                    path = os.path.join(where, stream)
+                    if os.path.exists(path):
+                        text += open(path).read()
+                parts.append(text if len(found) == 1 else f"[attempt {k}]\n{text}")
+            out[node * nproc + local] = clean("".join(parts))
+    return dict(sorted(out.items())), attempts
 
 
 def _failure_message(result: Launch, timeout: float) -> str:

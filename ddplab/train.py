@@ -348,58 +348,26 @@ def config_args(config: Config | None) -> list[str]:
                          isinstance(f.default, bool) else getattr(config, f.name)))]
 
 
-# How long the processes of a failed or timed-out run get to act on SIGTERM
-# (torchrun then ends its workers itself) before they are killed.
-_END_GRACE_S = 3.0
-
-
 def run_commands(commands: list[list[str]], timeout: float, env: dict | None = None) -> list[str]:
     """Run commands side by side and return their output; end every process they started.
 
-    Raises ``CommandError`` with each command's output if one fails or the time
-    runs out. Every process is ended by ``ddplab.procs``' policy: each
-    command's session, and every descendant seen while waiting (torchrun's
-    workers among them).
+    Raises ``CommandError`` with each command's output if one fails (at once:
+    no settle time) or the time runs out. The commands run as one
+    ``ddplab.procs.Group``: each command's session, and every descendant seen
+    while waiting (torchrun's workers among them), is ended.
     """
-    import subprocess
-
     from . import procs
 
-    environment = {**os.environ, **(env or {})}
-    with tempfile.TemporaryDirectory(prefix="ddplab-run-") as tmp:
-        logs = [open(os.path.join(tmp, f"out{i}.txt"), "w+") for i in range(len(commands))]
-        popens, tree = [], procs.Tree()
-        deadline, failed = time.monotonic() + timeout, ""
-        try:
-            for c, log in zip(commands, logs):
-                popens.append(procs.start(c, stdout=log, stderr=subprocess.STDOUT,
-                                          env=environment))
-                tree.add(popens[-1], session=True)
-            while any(p.poll() is None for p in popens):
-                tree.note()
-                if any(p.poll() not in (None, 0) for p in popens):
-                    failed = "a command failed"
-                    break
-                if time.monotonic() > deadline:
-                    failed = f"the commands did not finish within {timeout:g} s"
-                    break
-                time.sleep(0.1)
-            if not failed and any(p.returncode != 0 for p in popens):
-                failed = "a command failed"
-        finally:
-            tree.end(grace=_END_GRACE_S)
-            for p in popens:
-                p.wait()
-        outputs = []
-        for log in logs:
-            log.seek(0)
-            outputs.append(log.read())
-            log.close()
-    if failed:
-        shown = "\n".join(f"--- {' '.join(c[:6])} ... (exit {p.returncode}) ---\n{o[-3000:]}"
-                          for c, p, o in zip(commands, popens, outputs))
-        raise CommandError(f"ddplab: {failed}.\n{shown}")
-    return outputs
+    ran = procs.run(commands, timeout, env={**os.environ, **(env or {})})
+    if ran.timed_out:
+        failed = f"the commands did not finish within {timeout:g} s"
+    elif not ran.ok:
+        failed = "a command failed"
+    else:
+        return [done.output for done in ran]
+    shown = "\n".join(f"--- {' '.join(done.command[:6])} ... (exit {done.returncode}) ---\n"
+                      f"{done.output[-3000:]}" for done in ran)
+    raise CommandError(f"ddplab: {failed}.\n{shown}")
 
 
 def _parser() -> argparse.ArgumentParser:

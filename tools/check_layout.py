@@ -5,11 +5,21 @@
 1. No ddplab module imports another module's private (``_name``) name, or
    reads one from a module it imported (``cluster._current``). A private
    module (``check/_core.py``) is private to its package: its siblings use it.
-2. One process module: only ``ddplab/procs.py`` signals or kills processes
-   (``os.kill``, ``os.killpg``, ``.kill()``, ``.terminate()``), in the package
-   and in the tests, tools and benchmarks alike.
-3. No import cycle among ddplab's modules, counting imports inside functions
+2. One process owner: only ``ddplab.procs`` (``ddplab/procs.py``, or the
+   ``ddplab/procs/`` package) signals or kills processes (``os.kill``,
+   ``os.killpg``, ``.kill()``, ``.terminate()``), in the package and in the
+   tests, tools and benchmarks alike.
+3. ...and only ``ddplab.procs`` starts them with ``Popen``: everything else in
+   ddplab runs its commands through ``procs.Group`` (or ``procs.start``), so
+   one set of rules starts, watches and ends them. Found in the code, not the
+   words: ``subprocess.Popen`` (any ``.Popen``), ``from subprocess import
+   Popen``, or the name ``Popen``; a docstring or comment that names it is fine.
+4. ``ddplab/rank/`` (code that runs inside an engine) never imports the
+   kernel-side ``ddplab.lab``, not even inside a function.
+5. No import cycle among ddplab's modules, counting imports inside functions
    too (a package's ``__init__`` counts as its own module).
+
+Imports under ``if TYPE_CHECKING:`` never run, so rules 1, 4 and 5 skip them.
 """
 
 from __future__ import annotations
@@ -23,6 +33,13 @@ PACKAGE = "ddplab"
 PROCESS_MODULE = f"{PACKAGE}.procs"
 KILLERS = {("os", "kill"), ("os", "killpg")}
 KILL_METHODS = {"kill", "terminate"}
+STARTER = "Popen"
+RANK_PACKAGE, KERNEL_PACKAGE = f"{PACKAGE}.rank", f"{PACKAGE}.lab"
+
+
+def within(name: str, package: str) -> bool:
+    """Whether module ``name`` is ``package`` or one of its submodules."""
+    return name == package or name.startswith(package + ".")
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -136,6 +153,19 @@ def kill_calls(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def popen_uses(path: Path) -> list[tuple[int, str]]:
+    """Code that names ``Popen``: ``x.Popen``, ``from m import Popen``, a bare ``Popen``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr == STARTER:
+            found.append((node.lineno, f"{ast.unparse(node)}"))
+        elif isinstance(node, ast.ImportFrom) and any(a.name == STARTER for a in node.names):
+            found.append((node.lineno, f"from {node.module} import {STARTER}"))
+        elif isinstance(node, ast.Name) and node.id == STARTER:
+            found.append((node.lineno, STARTER))
+    return sorted(set(found))
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Every strongly connected group of more than one module (Tarjan), as a sorted list."""
     index: dict[str, int] = {}
@@ -172,16 +202,25 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def problems(root: Path = ROOT) -> list[str]:
-    """Every breach of the three rules under ``root`` (a checkout), one line each."""
+    """Every breach of the rules under ``root`` (a checkout), one line each."""
     known = modules(root)
     parsed = {name: Module(name, path, known) for name, path in known.items()}
     out = []
     for module in parsed.values():
         rel = module.path.relative_to(root)
         out += [f"{rel}:{line}: {what}" for line, what in module.private]
+        if within(module.name, PROCESS_MODULE):
+            continue
+        out += [f"{rel}:{line}: {what} outside {PROCESS_MODULE}: run commands with "
+                f"ddplab.procs.Group (or procs.start)" for line, what in popen_uses(module.path)]
+        if within(module.name, RANK_PACKAGE):
+            out += [f"{rel}:{line}: imports {target}: code under {RANK_PACKAGE} runs in an "
+                    f"engine and never imports the kernel-side {KERNEL_PACKAGE}"
+                    for target, line in sorted(module.imports.items(), key=lambda t: t[1])
+                    if within(target, KERNEL_PACKAGE)]
     for folder in (PACKAGE, "tests", "tools", "benchmarks"):
         for path in sorted((root / folder).rglob("*.py")):
-            if folder == PACKAGE and module_name(path, root) == PROCESS_MODULE:
+            if folder == PACKAGE and within(module_name(path, root), PROCESS_MODULE):
                 continue
             rel = path.relative_to(root)
             out += [f"{rel}:{line}: {what} outside {PROCESS_MODULE}: use ddplab.procs"

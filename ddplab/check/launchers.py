@@ -3,6 +3,7 @@
     ddplab.check.store_barrier(store_barrier)             # run on the ranks, with a real TCPStore
     ddplab.check.global_rank(global_rank, two_nodes)      # against what torchrun really set
     ddplab.check.launcher_env(launcher_env, two_nodes)
+    ddplab.check.own_group_demo(all_reduce_demo)           # through lab.spawn, on the lab's ranks
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any, Callable
 
 from ._core import compare, lab_or_current, passed
 
-__all__ = ["global_rank", "launcher_env", "store_barrier"]
+__all__ = ["global_rank", "launcher_env", "own_group_demo", "store_barrier"]
 
 #: The variables a launcher sets for every worker (the env:// contract).
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -127,3 +128,31 @@ def launcher_env(fn: Callable, launch: Any) -> None:
             hint="environment variables are strings (str(...)); WORLD_SIZE counts the processes "
                  "of every node, LOCAL_WORLD_SIZE those of one node.")
     passed("your launcher sets the same env:// variables as torchrun on every worker.")
+
+
+# ------------------------------------------------------------------ own_group_demo
+def _world_size() -> int:
+    import torch.distributed as dist
+    return dist.get_world_size()
+
+
+def own_group_demo(fn: Callable, lab: Any = None) -> None:
+    """Check ``fn(rank, world_size)``, in the DDP tutorial's style, through ``lab.spawn``.
+
+    It must make its own group (``lab.spawn`` set MASTER_ADDR and MASTER_PORT),
+    all_reduce ``rank + 1`` and return the sum on every rank; the lab's own group
+    must work afterwards.
+    """
+    __tracebackhide__ = True
+    lab = lab_or_current(lab)
+    n = lab.world_size
+    got = lab.spawn(fn, args=(n,))
+    compare("what fn(rank, world_size) returned through lab.spawn", [float(n * (n + 1) // 2)] * n,
+            [float(g) if isinstance(g, (int, float)) else g for g in got],
+            hint="call dist.init_process_group('gloo', rank=rank, world_size=world_size) first, "
+                 "all_reduce torch.tensor([rank + 1.0]), then destroy_process_group() and return "
+                 "the tensor's .item().")
+    compare("the lab's own group after lab.spawn (dist.get_world_size())", [n] * n,
+            lab.run(_world_size))
+    passed(f"lab.spawn ran your function on {n} ranks as mp.spawn would; they made their own "
+           f"group, and the lab's group is back.")

@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def notebooks(args) -> int:
     """Copy the shipped notebooks into args.dest, keeping any already there."""
-    from ddplab.course.notebooks import CourseError, copy_notebooks
+    from ddplab.course.notebooks import copy_notebooks
+    from ddplab.errors import CourseError
 
     try:
         written, kept = copy_notebooks(args.dest, reference=args.reference)

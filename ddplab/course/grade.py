@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -215,18 +214,20 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
         out = Path(tmp) / "grade.json"
         command = [sys.executable, "-c", _WORKER, str(path), str(ref), student,
                    str(cell_timeout), str(out)]
-        worker = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True, env=env)
+        # In our session, not one of its own: a terminal's Ctrl-C reaches the
+        # worker too, and it stops (a worker in a session of its own would go
+        # on grading while the pool waits for it). Its stdout is discarded; its
+        # last stderr line is the message. Not noting its descendants while it
+        # runs keeps a long grading from reading the process table ten times a
+        # second; at the end, those it still has are ended with it.
+        worker = procs.Group([command], env=env, output="stderr", session=False, note=False)
         begin = time.monotonic()
-        try:
-            _, stderr = worker.communicate(timeout=deadline)
-        except subprocess.TimeoutExpired:
-            procs.end_tree(worker, grace=5)
-            _, stderr = worker.communicate()
+        ran = worker.start().wait(timeout=deadline, grace=5)
+        if ran.timed_out:
             return Grade(student, ref.stem, str(path),
                          error=f"not graded: grading took longer than {deadline:g} s and was stopped")
-        if worker.returncode != 0 or not out.exists():
-            last = (stderr.strip().splitlines() or ["no message"])[-1]
+        if ran[0].returncode != 0 or not out.exists():
+            last = (ran[0].output.strip().splitlines() or ["no message"])[-1]
             return Grade(student, ref.stem, str(path),
                          error=f"not graded: the grader failed ({last[:150]})")
         data = json.loads(out.read_text())

@@ -25,6 +25,7 @@ cannot finish, the remaining cells are marked not run.
 from __future__ import annotations
 
 import copy
+import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ import nbformat
 
 from .. import procs
 
+log = logging.getLogger(__name__)
 # Output fields that never match run to run; nbval skips the same ones
 # (plus images, which it compares only with nbdime).
 SKIP_COMPARE = {"metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
@@ -187,7 +189,9 @@ class Kernel:
         try:
             self.client._cleanup_kernel()
         except Exception:
-            pass
+            # A kernel that died already cannot be shut down politely; ending
+            # its family below is what counts.
+            log.debug("ddplab: the kernel's clean-up failed", exc_info=True)
         # ddplab's guard ends a lab within about a second of its kernel's death,
         # even an engine stuck in C++ that ignores SIGTERM; the grace is generous.
         family.end(grace=15)

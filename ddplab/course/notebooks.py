@@ -25,15 +25,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ddplab.errors import DdplabError
+# CourseError lives with every other exception; it stays importable from here too.
+from ddplab.errors import CourseError
 
 # nbformat and .release are imported where used: ``import ddplab`` stays light.
 
 EXERCISE_PREFIX = "exercise-"
-
-
-class CourseError(DdplabError, ValueError):
-    """No course notebooks where they should be, or no exercise of that name."""
 
 
 def reference_dir() -> Path:

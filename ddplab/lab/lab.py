@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 from ..env import check_timeout
 from ..errors import ConfigError, EngineDiedError
 from ..rank import engine
-from . import current_lab, template
+from . import current_lab, owncode, template
 from .calls import Calls, Task
 from .local import LocalRanks
 from .ranks import LabSpec, Ranks
@@ -287,3 +287,25 @@ class Lab:
         self.ensure_usable()
         # Waited for on purpose: their failures are this call's, and raise.
         self._calls.wait_pending(timeout)
+
+    # ------------------------------------------------------------- code with its own group
+    def spawn(self, fn: Callable, args: tuple = (), timeout: float | None = None, *,
+              nprocs: int | None = None, join: bool = True) -> list[Any]:
+        """Call ``fn(rank, *args)`` on every rank, as ``torch.multiprocessing.spawn`` would.
+
+        For code that makes its own process group (``init_process_group`` ...
+        ``destroy_process_group``), like the DDP tutorial's ``demo_basic``: the lab's
+        group is set aside while it runs and is back afterwards. Returns the results,
+        a list indexed by rank. ``nprocs`` (if given) must be the lab's world_size.
+        """
+        return owncode.spawn(self, fn, args, timeout, nprocs=nprocs, join=join)
+
+    def run_script(self, path: str, *argv: Any, timeout: float | None = None) -> None:
+        """Run a Python script as ``__main__`` on every rank, as ``torchrun`` would.
+
+        Each rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+        ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_*``) and ``sys.argv = [path,
+        *argv]``; the lab's group is set aside while it runs. Output comes back by rank;
+        the script's globals stay in each rank's namespace (``%%ranks`` can look at them).
+        """
+        owncode.run_script(self, path, argv, timeout)

@@ -33,7 +33,6 @@ import atexit
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 
@@ -62,10 +61,12 @@ class Template:
         self.socket_path = os.path.join(self.directory, SOCKET_NAME)
         env = dict(os.environ, DDPLAB_PARENT_PID=str(os.getpid()))
         env.pop(BORROW_ENV, None)
-        # A session of its own: Kernel > Interrupt must not reach it.
-        self.process = procs.start(
-            [sys.executable, "-m", "ddplab.rank.template", self.socket_path],
-            stdout=subprocess.PIPE, env=env)
+        # A group of one, in a session of its own: Kernel > Interrupt must not
+        # reach it. Its stdout says "ready"; its stderr stays the kernel's, so a
+        # template that breaks shows why in the kernel's log.
+        self._group = procs.Group([[sys.executable, "-m", "ddplab.rank.template",
+                                    self.socket_path]], env=env, output="stdout").start()
+        self.process = self._group.processes[0]
         self._ready = False
 
     @property
@@ -76,8 +77,7 @@ class Template:
         if self._ready:
             return
         # The template prints "ready" once torch is imported and it listens.
-        line = self.process.stdout.readline()
-        if line.strip() != b"ready":
+        if not self._group.wait_for_line(0, "ready"):
             self.stop()
             raise DdplabError("ddplab: the engine template process could not start "
                               f"(it exited with {self.process.poll()}). Set DDPLAB_FORK=0 to "
@@ -113,10 +113,7 @@ class Template:
 
     def stop(self) -> None:
         """End the template; it ends whatever children it still has."""
-        procs.end_tree(self.process, grace=5)
-        self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+        self._group.close(grace=5)
         # The template removes its directory as it exits; a SIGKILLed one cannot.
         import shutil
         shutil.rmtree(self.directory, ignore_errors=True)

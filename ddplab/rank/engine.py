@@ -174,6 +174,8 @@ def join_group(rank: int, world_size: int, env: dict[str, str], backend: str,
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timeout)
     namespace().update(rank=rank, world_size=world_size, torch=torch, dist=dist)
+    from . import owngroup
+    owngroup.guard()     # a student's own init/destroy_process_group now says what it means
     return {"rank": dist.get_rank(), "pid": os.getpid()}
 
 
@@ -184,7 +186,9 @@ def _format_error(exc: BaseException, keep: Callable[[str], bool]) -> str:
     # Drop leading frames that are ddplab's machinery, keep the user's code.
     while tb is not None and frames and not keep(frames[0].filename):
         tb, frames = tb.tb_next, frames[1:]
-    return relative_to_site_packages("".join(traceback.format_exception(type(exc), exc, tb)).rstrip())
+    from .owngroup import explain  # why there is no default group, if the lab's was destroyed
+    return relative_to_site_packages("".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+                                     + explain(exc))
 
 
 def relative_to_site_packages(text: str) -> str:
@@ -257,8 +261,32 @@ def call(fn: Callable, args: tuple, kwargs: dict) -> dict:
         try:
             value = fn(*args, **kwargs)
         except BaseException as exc:
-            error = _format_error(exc, _is_user_file) + _name_hint(exc)
+            error = _format_error(exc, _is_user_code) + _name_hint(exc)
+    if error is None:
+        # Checked here, where the rank is known: ipyparallel's own failure to send
+        # the value back names an engine id and a bare TypeError.
+        value, error = _sendable(value)
     return {"ok": error is None, "events": recorder.events, "error": error, "value": value}
+
+
+def _is_user_code(filename: str) -> bool:
+    """Neither this module nor ``owngroup`` (which runs ``lab.spawn`` / ``run_script`` code)."""
+    return _is_user_file(filename) and not filename.endswith(os.path.join("rank", "owngroup.py"))
+
+
+def _sendable(value: Any) -> tuple[Any, str | None]:
+    """``(value, None)`` if the kernel can receive ``value``; else ``(None, why and the fix)``."""
+    import cloudpickle
+    try:
+        cloudpickle.dumps(value)
+    except Exception as exc:
+        kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+        return None, (f"ddplab: the function returned a {kind}, which cannot be sent back to the "
+                      f"notebook ({type(exc).__name__}: {exc}). A result travels by pickling; "
+                      f"return plain data instead (numbers, strings, lists, dicts, tensors, "
+                      f"a model's state_dict()), or keep the object on the rank in a global "
+                      f"and return what you need from it.")
+    return value, None
 
 
 def _name_hint(exc: BaseException) -> str:

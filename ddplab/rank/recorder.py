@@ -55,6 +55,7 @@ _ROOT_ARG = {"broadcast_": 2, "reduce_": 3, "gather_": 3, "scatter_": 3}
 _PEER_ARG = {"send": 2, "recv_": 2}
 # Python functions with no wrapper cell, recorded by the dispatcher layer under their own name.
 _UNWRAPPED = ("isend", "irecv", "batch_isend_irecv", "monitored_barrier")
+_active: list = [None]               # the CallRecorder of the trace running now, if one is
 _torch: Any = None                   # torch, once a CallRecorder exists (ranks import it anyway)
 
 
@@ -97,6 +98,7 @@ class CallRecorder:
         pairs = [(time.perf_counter(), time.time(), time.perf_counter()) for _ in range(5)]
         before, self.wall0, after = min(pairs, key=lambda p: p[2] - p[0])
         self.pc0 = (before + after) / 2
+        _active[0] = self
 
     def group(self, group: Any) -> tuple | None:
         """A group as the tuple of its global ranks; None for the whole world."""
@@ -131,6 +133,8 @@ class CallRecorder:
             with torch._C._AutoDispatchBelowAutograd():
                 return raw(*args, **kwargs)
         group = bound.get("group")
+        if name == "destroy_process_group":
+            self.settle_groups()         # the groups it ends can no longer be looked up after
         now = time.perf_counter()
         self.poll(now)
         event = {"op": name, "kind": kind, "start": now, "end": None,
@@ -259,16 +263,32 @@ class CallRecorder:
             return
         try:
             ranks = self.group(dist.ProcessGroup.unbox(pg))
-        except (ValueError, RuntimeError):   # destroyed meanwhile: it was the world group
+        except (ValueError, RuntimeError, KeyError):
+            # Gone from torch's tables without passing through settle_groups:
+            # its ranks are unknown, and it is shown as the whole world.
             ranks = None
         event["group"] = ranks
         for local, key in (("group_peer", "peer"), ("group_root", "root")):
             if local in event:
                 event[key] = _global(ranks, event.pop(local))
 
+    def settle_groups(self) -> None:
+        """Look up now, while they exist, the groups of the ops recorded so far.
+
+        Looking them up at the end (``resolve``) keeps the lookup off the hot
+        path, but a group destroyed before then is gone from torch's tables
+        (a KeyError): code that makes and ends its own groups (a subgroup's
+        ``destroy_process_group``, ``lab.spawn``, ``lab.run_script``) settles first.
+        """
+        for event in self.events:
+            if "pg" in event:
+                self.resolve(event)
+
     # ------------------------------------------------------------ the result
     def finish(self) -> dict:
         """Plain data, times on this machine's wall clock, a wait naming its op by index."""
+        if _active[0] is self:
+            _active[0] = None
         def wall(t):
             return None if t is None else self.wall0 + (t - self.pc0)
         events = sorted(self.events, key=lambda e: e["start"])
@@ -287,6 +307,14 @@ class CallRecorder:
         compute = [dict(c, start=wall(c["start"]), end=wall(c["end"]))
                    for c in self.compute]
         return {"events": out, "compute": compute}
+
+
+def settle_groups() -> None:
+    """Before torch's group tables change under a running trace (``ddplab.rank.owngroup``
+    sets the lab's group aside, or ends code's own): see ``CallRecorder.settle_groups``."""
+    recorder = _active[0]
+    if recorder is not None:
+        recorder.settle_groups()
 
 
 def _global(ranks: tuple | None, local: int | None) -> int | None:

@@ -1,4 +1,4 @@
-"""The one place that starts, watches and ends process trees.
+"""Starting one process, and ending a tree of them: ``start``, ``Tree``, ``end_tree``.
 
 Every process ddplab starts (a lab's controller and engines, a launch's
 torchrun, a training run, a grading worker or kernel) is ended here, by one
@@ -34,6 +34,9 @@ import psutil
 Member = Union[int, psutil.Process, subprocess.Popen]
 #: How long ``end`` waits for SIGKILLed processes to disappear.
 KILL_WAIT_S = 10.0
+#: How long a supervised group's processes get to act on SIGTERM before they are
+#: killed: torchrun, told to stop, ends its workers itself and says why.
+END_GRACE_S = 3.0
 
 
 def process(member: Member) -> psutil.Process | None:
@@ -78,10 +81,16 @@ def send(member: Member, sig: int) -> bool:
         return False
 
 
-def start(command: list[str], **popen_kwargs) -> subprocess.Popen:
-    """Start ``command`` in a session of its own (so the kernel's Ctrl-C and group are not its)."""
+def start(command: list[str], *, session: bool = True, **popen_kwargs) -> subprocess.Popen:
+    """Start ``command``; the only ``Popen`` in ddplab (``tools/check_layout.py`` holds to it).
+
+    ``session=True``: in a session of its own, so the kernel's Ctrl-C and
+    process group are not its, and ``Tree(sessions=True)`` finds whatever it
+    leaves behind. ``session=False`` keeps it in ours: a terminal's Ctrl-C
+    reaches it too (``ddplab grade``'s workers). Its stdin is /dev/null unless given.
+    """
     popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
-    return subprocess.Popen(command, start_new_session=True, **popen_kwargs)
+    return subprocess.Popen(command, start_new_session=session, **popen_kwargs)
 
 
 class Tree:

@@ -1,0 +1,26 @@
+"""The one place that starts, watches and ends process trees.
+
+Two layers, one owner:
+
+- ``tree``: ``start`` one command (the only ``Popen`` in ddplab), and end a
+  whole tree of processes by one policy, ``Tree.end``: freeze, SIGTERM children
+  before parents, ``grace`` seconds, SIGKILL, wait until all are gone; never a
+  reused pid. A lab's controller and engines, and the engine template's
+  forks, are ended this way.
+- ``group``: ``Group``, a set of commands run as one job, one per rank (torch
+  elastic's ``PContext``, in small): start them, collect or stream their output
+  by rank, wait with a timeout and a settle time after the first failure, end
+  the whole tree, return how each rank ended. ``ddplab.launch``,
+  ``ddplab.train``, ``ddplab grade`` and the engine template use it.
+
+``tools/check_layout.py`` holds every other module to it: only this package
+calls ``Popen`` or signals a process.
+"""
+
+from __future__ import annotations
+
+from .group import Exit, Group, Results, run
+from .tree import END_GRACE_S, KILL_WAIT_S, Member, Tree, alive, descendants, end_tree, process, send, start
+
+__all__ = ["END_GRACE_S", "Exit", "Group", "KILL_WAIT_S", "Member", "Results", "Tree", "alive",
+           "descendants", "end_tree", "process", "run", "send", "start"]
