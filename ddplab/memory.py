@@ -24,7 +24,8 @@ def saved_bytes(forward: Callable[[], Any], model: Any = None) -> int:
     """Bytes of the tensors autograd saves for backward while ``forward()`` runs: the activations.
 
     Each storage counts once, as its largest saved view (a tensor saved by
-    two operations; a batch sliced from a dataset counts the batch only). Parameters (``model``'s, and any ``nn.Parameter``) are left
+    two operations; a batch sliced from a dataset counts the batch only).
+    Parameters (``model``'s, and any ``nn.Parameter``) are left
     out: they are counted as parameters, not activations. ``forward`` returns
     what backward would start from; nothing is run backward here.
     """

@@ -71,8 +71,9 @@ def test_checkpoint_blocks_accepts_per_block_checkpoints(fresh_lab, capsys):
 @pytest.mark.parametrize("edit,needle", [
     (("h = checkpoint(block, h, use_reentrant=False)", "h = block(h)"),
      "as much as without checkpointing"),
-    (("    h = model[0](x)\n    for block in model[1:-1]:\n        h = checkpoint(block, h, use_reentrant=False)\n"
-      "    return model[-1](h)", "    return checkpoint(model, x, use_reentrant=False)"),
+    (("    h = model[0](x)\n    for block in model[1:-1]:\n"
+      "        h = checkpoint(block, h, use_reentrant=False)\n    return model[-1](h)",
+      "    return checkpoint(model, x, use_reentrant=False)"),
      "not several blocks (or the whole model)"),
     (("return model[-1](h)", "return model[-1](h).detach()"), "no torch.no_grad(), no .detach()"),
     (("for block in model[1:-1]:", "for block in model[1:-2]:"), "is wrong"),
@@ -108,7 +109,8 @@ def test_mixed_step_accepts_autocast_with_fp32_weights(fresh_lab, capsys):
 
 
 @pytest.mark.parametrize("edit,needle", [
-    (("    optimizer.zero_grad()\n", "    model.to(torch.bfloat16); x = x.bfloat16()\n    optimizer.zero_grad()\n"),
+    (("    optimizer.zero_grad()\n",
+      "    model.to(torch.bfloat16); x = x.bfloat16()\n    optimizer.zero_grad()\n"),
      "do not call model.to(torch.bfloat16)"),
     (('with torch.autocast("cpu", dtype=torch.bfloat16):', "if True:"), "with torch.autocast"),
     (("    optimizer.step()\n", ""), "the weights changed by the step"),
@@ -164,8 +166,10 @@ def accumulate(ddp, optimizer, batches):
     optimizer.step()
 """
 # The classic slip: no_sync around backward only. DDP decides in forward whether backward all_reduces.
-BACKWARD_ONLY = ACCUMULATE.replace("""            with ddp.no_sync():
-                (F.cross_entropy(ddp(x), y) / len(batches)).backward()""", """            loss = F.cross_entropy(ddp(x), y) / len(batches)
+BACKWARD_ONLY = ACCUMULATE.replace(
+    """            with ddp.no_sync():
+                (F.cross_entropy(ddp(x), y) / len(batches)).backward()""",
+    """            loss = F.cross_entropy(ddp(x), y) / len(batches)
             with ddp.no_sync():
                 loss.backward()""")
 

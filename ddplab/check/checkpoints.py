@@ -335,7 +335,8 @@ def _async_answers(student: Callable, folder: str) -> dict:
 
 
 def async_checkpoint(lab: Any = None) -> None:
-    """Check ``async_checkpoint(path, model, optimizer, epoch)``: dcp.async_save's future, the state at the call."""
+    """Check ``async_checkpoint(path, model, optimizer, epoch)``: dcp.async_save's future, the state
+    at the call."""
     __tracebackhide__ = True
     lab = lab_or_current(lab)
     n = lab.world_size

@@ -67,15 +67,15 @@ def _checkpoint_answers(student: Callable) -> dict:
         model = deep_mlp(depth=depth, width=16, seed=depth, dtype=torch.float64)
         x = torch.rand(5, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(depth))
 
-        def reference():
+        def reference(model=model, x=x):
             h = model[0](x)
             for block in model[1:-1]:
                 h = checkpoint(block, h, use_reentrant=False)
             return model[-1](h).sum()
 
-        plain = saved_bytes(lambda: model(x).sum(), model)
+        plain = saved_bytes(lambda m=model, x=x: m(x).sum(), model)
         expected = saved_bytes(reference, model)
-        got = saved_bytes(lambda: student(model, x).sum(), model)
+        got = saved_bytes(lambda m=model, x=x: student(m, x).sum(), model)
         model.zero_grad()
         model(x).sum().backward()
         grads = [p.grad.clone() for p in model.parameters()]
