@@ -18,10 +18,12 @@ Notebooks call checkers through ``ddplab.check.``, so the two never collide.
 from . import (
                allreduce,
                byhand,
+               checkpoints,
                collectives,
                launchers,
                multinode,
                p2p,
+               precision,
                setup,
                sharding,
                sharding_model,
@@ -31,10 +33,12 @@ from . import (
 from ._core import compare as compare, passed as passed, values_on_ranks as values_on_ranks
 from .allreduce import *  # noqa: F401,F403
 from .byhand import *  # noqa: F401,F403
+from .checkpoints import *  # noqa: F401,F403
 from .collectives import *  # noqa: F401,F403
 from .launchers import *  # noqa: F401,F403
 from .multinode import *  # noqa: F401,F403
 from .p2p import *  # noqa: F401,F403
+from .precision import *  # noqa: F401,F403
 from .setup import *  # noqa: F401,F403
 from .sharding import *  # noqa: F401,F403
 from .sharding_model import *  # noqa: F401,F403
@@ -42,6 +46,7 @@ from .timeline import *  # noqa: F401,F403
 from .training import *  # noqa: F401,F403
 
 __all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *byhand.__all__,
-                  *collectives.__all__, *launchers.__all__, *multinode.__all__, *p2p.__all__,
-                  *setup.__all__, *sharding.__all__, *sharding_model.__all__,
+                  *checkpoints.__all__, *collectives.__all__, *launchers.__all__,
+                  *multinode.__all__, *p2p.__all__, *precision.__all__, *setup.__all__,
+                  *sharding.__all__, *sharding_model.__all__,
                   *timeline.__all__, *training.__all__])

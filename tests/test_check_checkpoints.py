@@ -1,0 +1,182 @@
+"""Checkers of notebook 10 (checkpoints and failures): each accepts the right answer and names each mistake.
+
+The student's code runs on the ranks of a real 2-rank gloo lab, defined by a
+%%ranks-like cell (``lab.run_cell``) as the notebook's exercise cells define it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import ddplab
+from ddplab.check import checkpoints
+
+pytestmark = pytest.mark.slow
+
+IMPORTS = """
+import os
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
+"""
+
+
+def fails(checker, *needles: str) -> str:
+    with pytest.raises(AssertionError) as info:
+        checker()
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+def last_line(capsys) -> str:
+    return capsys.readouterr().out.splitlines()[-1]
+
+
+def test_checkers_are_public_under_their_own_names():
+    for name in checkpoints.__all__:
+        assert getattr(ddplab.check, name) is getattr(checkpoints, name)
+        assert getattr(checkpoints, name).__doc__
+
+
+# ------------------------------------------------------------- save_sharded
+SAVE = IMPORTS + """
+def save_sharded(path, model, optimizer, epoch):
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state, "epoch": epoch}, checkpoint_id=path)
+"""
+
+
+def test_save_sharded_accepts_dcp_with_get_state_dict(fresh_lab, capsys):
+    fresh_lab.run_cell(SAVE)
+    ddplab.check.save_sharded()
+    assert last_line(capsys).startswith("Correct: every rank wrote its own shard")
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (('"optim": optim_state, ', ""), "no optimizer state"),
+    (('"optim": optim_state', '"optim": optimizer.state_dict()'), "keyed by parameter number"),
+    (('"epoch": epoch}', '"epoch": epoch, "grads": [p.grad for p in model.parameters()]}'),
+     "save only what must be saved"),
+    (('dcp.save({"model": model_state, "optim": optim_state, "epoch": epoch}, checkpoint_id=path)',
+      'os.makedirs(path, exist_ok=True); torch.save(model_state, os.path.join(path, "m.pt")) '
+      'if dist.get_rank() == 0 else None'), "call dcp.save(state, checkpoint_id=path) on every rank"),
+])
+def test_save_sharded_rejects(fresh_lab, edit, needle):
+    source = SAVE.replace(*edit)
+    assert source != SAVE
+    fresh_lab.run_cell(source)
+    fails(ddplab.check.save_sharded, needle)
+
+
+# ------------------------------------------------------------- load_resharded
+LOAD = IMPORTS + """
+def load_resharded(path, model, optimizer):
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state, "epoch": 0}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["epoch"]
+"""
+
+
+def test_load_resharded_accepts_load_into_the_models_own_layout(fresh_lab, capsys):
+    fresh_lab.run_cell(LOAD)
+    ddplab.check.load_resharded()
+    assert last_line(capsys).startswith("Correct: a checkpoint saved from FSDP2 shards loads")
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (('"optim": optim_state, "epoch": 0}', '"epoch": 0}'), "load the optimizer state too"),
+    (('return state["epoch"]', "return 0"), "the epoch load_resharded returned"),
+    (('dcp.load(state, checkpoint_id=path)', 'pass'), "the weights of a FSDP2 model"),
+])
+def test_load_resharded_rejects(fresh_lab, edit, needle):
+    source = LOAD.replace(*edit)
+    if '"optim": optim_state' not in source:          # the model only: set it alone
+        source = source.replace('set_state_dict(model, optimizer, model_state_dict=state["model"], '
+                                'optim_state_dict=state["optim"])',
+                                'set_model_state_dict(model, state["model"])')
+    assert source != LOAD
+    fresh_lab.run_cell(source)
+    fails(ddplab.check.load_resharded, needle)
+
+
+# ------------------------------------------------------------- resumable_train
+TRAIN = IMPORTS + """
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+from ddplab import data, sharding
+
+def make_run():
+    train_set, _ = data.digits(dtype=torch.float64)
+    sampler = DistributedSampler(Subset(train_set, range(96)), shuffle=True, seed=0)
+    loader = DataLoader(Subset(train_set, range(96)), batch_size=16, sampler=sampler)
+    model = DDP(sharding.mlp(seed=0, dtype=torch.float64))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2), sampler, loader
+
+def latest(path):
+    done = [int(name[5:]) for name in os.listdir(path) if name.startswith("epoch")
+            and os.path.exists(os.path.join(path, name, ".metadata"))] if os.path.isdir(path) else []
+    return os.path.join(path, f"epoch{max(done)}") if done else None
+
+def train(path, epochs, stop_after=None):
+    model, optimizer, sampler, loader = make_run()
+    start = 0
+    if latest(path):
+        start = load_state(latest(path), model, optimizer)
+    for epoch in range(start, epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        save_state(os.path.join(path, f"epoch{epoch + 1}"), model, optimizer, epoch + 1)
+        if stop_after is not None and epoch + 1 == stop_after:
+            break
+    return sharding.full_weights(model)
+"""
+
+
+def test_resumable_train_accepts_a_loop_that_restores_the_epoch(fresh_lab, capsys):
+    fresh_lab.run_cell(TRAIN + "save_state = load_state = None   # the check brings its own")
+    ddplab.check.resumable_train()
+    assert last_line(capsys).startswith("Correct: stopped after epoch 1 and resumed")
+    fresh_lab.run_cell("assert save_state is None and load_state is None")   # given back
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (("sampler.set_epoch(epoch)", "sampler.set_epoch(epoch - start)"), "sampler.set_epoch(epoch)"),
+    (("        start = load_state(", "        load_state("), "is wrong"),
+    (("        if stop_after is not None and epoch + 1 == stop_after:\n            break\n", ""),
+     "return right after saving"),
+    (('f"epoch{epoch + 1}"', '"last"'), "save one checkpoint per epoch"),
+])
+def test_resumable_train_rejects(fresh_lab, edit, needle):
+    source = TRAIN.replace(*edit)
+    assert source != TRAIN
+    fresh_lab.run_cell(source)
+    fails(ddplab.check.resumable_train, needle)
+
+
+# ------------------------------------------------------------ async_checkpoint
+ASYNC = IMPORTS + """
+def async_checkpoint(path, model, optimizer, epoch):
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return dcp.async_save({"model": model_state, "optim": optim_state, "epoch": epoch},
+                          checkpoint_id=path)
+"""
+
+
+def test_async_checkpoint_accepts_async_save(fresh_lab, capsys):
+    fresh_lab.run_cell(ASYNC)
+    ddplab.check.async_checkpoint()
+    assert last_line(capsys).startswith("Correct: async_checkpoint returns at once with a future")
+
+
+def test_async_checkpoint_rejects_a_blocking_save(fresh_lab):
+    fresh_lab.run_cell(ASYNC.replace("return dcp.async_save", "dcp.save"))
+    fails(ddplab.check.async_checkpoint, "returned a concurrent.futures.Future", "dcp.async_save")

@@ -1,0 +1,198 @@
+"""Checkers of notebook 11 (memory and precision): each accepts the right answer and names each mistake.
+
+The student's code runs on the ranks of a real 2-rank gloo lab, defined by a
+%%ranks-like cell (``lab.run_cell``) as the notebook's exercise cells define it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import ddplab
+from ddplab.check import precision
+
+pytestmark = pytest.mark.slow
+
+IMPORTS = """
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+"""
+
+
+def fails(checker, *needles: str) -> str:
+    with pytest.raises(AssertionError) as info:
+        checker()
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+def last_line(capsys) -> str:
+    return capsys.readouterr().out.splitlines()[-1]
+
+
+def test_checkers_are_public_under_their_own_names():
+    for name in precision.__all__:
+        assert getattr(ddplab.check, name) is getattr(precision, name)
+        assert getattr(precision, name).__doc__
+
+
+def test_saved_bytes_counts_activations_once_and_not_parameters():
+    import torch
+
+    from ddplab import memory
+
+    model = memory.deep_mlp(depth=2, width=8)
+    x = torch.rand(3, 1, 8, 8)
+    # flattened input 3x64, then per block the wide ReLU output 3x32 and the block output 3x8,
+    # plus the input layer's output 3x8; float32
+    assert memory.saved_bytes(lambda: model(x).sum(), model) == 4 * (3 * 64 + 3 * 8 + 2 * (3 * 32 + 3 * 8))
+
+
+# ----------------------------------------------------------- checkpoint_blocks
+CKPT = IMPORTS + """
+def ckpt_forward(model, x):
+    h = model[0](x)
+    for block in model[1:-1]:
+        h = checkpoint(block, h, use_reentrant=False)
+    return model[-1](h)
+"""
+
+
+def test_checkpoint_blocks_accepts_per_block_checkpoints(fresh_lab, capsys):
+    fresh_lab.run_cell(CKPT)
+    ddplab.check.checkpoint_blocks()
+    assert last_line(capsys).startswith("Correct: each block is recomputed in backward")
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (("h = checkpoint(block, h, use_reentrant=False)", "h = block(h)"),
+     "as much as without checkpointing"),
+    (("    h = model[0](x)\n    for block in model[1:-1]:\n"
+      "        h = checkpoint(block, h, use_reentrant=False)\n    return model[-1](h)",
+      "    return checkpoint(model, x, use_reentrant=False)"),
+     "not several blocks (or the whole model)"),
+    (("return model[-1](h)", "return model[-1](h).detach()"), "no torch.no_grad(), no .detach()"),
+    (("for block in model[1:-1]:", "for block in model[1:-2]:"), "is wrong"),
+])
+def test_checkpoint_blocks_rejects(fresh_lab, edit, needle):
+    source = CKPT.replace(*edit)
+    assert source != CKPT
+    fresh_lab.run_cell(source)
+    fails(ddplab.check.checkpoint_blocks, needle)
+
+
+def test_checkpoint_blocks_names_a_missing_function(fresh_lab):
+    fresh_lab.run_cell("ckpt_forward = None")
+    fails(ddplab.check.checkpoint_blocks, "no function `ckpt_forward` on ranks 0, 1")
+
+
+# ------------------------------------------------------------------ mixed_step
+MIXED = IMPORTS + """
+def mixed_step(model, optimizer, x, y):
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+"""
+
+
+def test_mixed_step_accepts_autocast_with_fp32_weights(fresh_lab, capsys):
+    fresh_lab.run_cell(MIXED)
+    ddplab.check.mixed_step()
+    assert last_line(capsys).startswith("Correct: the forward ran in bfloat16 under autocast")
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (("    optimizer.zero_grad()\n",
+      "    model.to(torch.bfloat16); x = x.bfloat16()\n    optimizer.zero_grad()\n"),
+     "do not call model.to(torch.bfloat16)"),
+    (('with torch.autocast("cpu", dtype=torch.bfloat16):', "if True:"), "with torch.autocast"),
+    (("    optimizer.step()\n", ""), "the weights changed by the step"),
+    (("return loss.item()", "return loss"), "return loss.item()"),
+])
+def test_mixed_step_rejects(fresh_lab, edit, needle):
+    source = MIXED.replace(*edit)
+    assert source != MIXED
+    fresh_lab.run_cell(source)
+    fails(ddplab.check.mixed_step, needle)
+
+
+# ------------------------------------------------------------------- bf16_hook
+HOOK = IMPORTS + """
+def bf16_hook(state, bucket):
+    compressed = bucket.buffer().to(torch.bfloat16).div_(dist.get_world_size())
+    future = dist.all_reduce(compressed, async_op=True).get_future()
+
+    def decompress(fut):
+        buffer = bucket.buffer()
+        buffer.copy_(fut.value()[0])
+        return buffer
+
+    return future.then(decompress)
+"""
+
+
+def test_bf16_hook_accepts_a_compressing_hook(fresh_lab, capsys):
+    fresh_lab.run_cell(HOOK)
+    ddplab.check.bf16_hook()
+    assert last_line(capsys).startswith("Correct: the hook all_reduces each bucket in bfloat16")
+
+
+@pytest.mark.parametrize("edit,needle", [
+    ((".to(torch.bfloat16)", ".clone()"), "bfloat16 copy of bucket.buffer()"),
+    ((".div_(dist.get_world_size())", ""), "divide by the world size (2)"),
+])
+def test_bf16_hook_rejects(fresh_lab, edit, needle):
+    fresh_lab.run_cell(HOOK.replace(*edit))
+    fails(ddplab.check.bf16_hook, needle)
+
+
+# ------------------------------------------------------------------ accumulate
+ACCUMULATE = IMPORTS + """
+def accumulate(ddp, optimizer, batches):
+    optimizer.zero_grad()
+    for i, (x, y) in enumerate(batches):
+        if i < len(batches) - 1:
+            with ddp.no_sync():
+                (F.cross_entropy(ddp(x), y) / len(batches)).backward()
+        else:
+            (F.cross_entropy(ddp(x), y) / len(batches)).backward()
+    optimizer.step()
+"""
+# The classic slip: no_sync around backward only. DDP decides in forward whether backward all_reduces.
+BACKWARD_ONLY = ACCUMULATE.replace(
+    """            with ddp.no_sync():
+                (F.cross_entropy(ddp(x), y) / len(batches)).backward()""",
+    """            loss = F.cross_entropy(ddp(x), y) / len(batches)
+            with ddp.no_sync():
+                loss.backward()""")
+
+
+def test_accumulate_accepts_no_sync(fresh_lab, capsys):
+    fresh_lab.run_cell(ACCUMULATE)
+    ddplab.check.accumulate()
+    assert last_line(capsys).startswith("Correct: 4 micro-batches, one round of all_reduce")
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (("if i < len(batches) - 1:", "if False:"), "every one of the 4 backwards all_reduced"),
+    (("/ len(batches)", "/ 1"), "4 times too large"),
+    (("    optimizer.step()\n", ""), "the weights after the step"),
+])
+def test_accumulate_rejects(fresh_lab, edit, needle):
+    source = ACCUMULATE.replace(*edit)
+    assert source != ACCUMULATE
+    fresh_lab.run_cell(source)
+    fails(ddplab.check.accumulate, needle)
+
+
+def test_accumulate_rejects_no_sync_around_backward_only(fresh_lab):
+    assert BACKWARD_ONLY != ACCUMULATE
+    fresh_lab.run_cell(BACKWARD_ONLY)
+    fails(ddplab.check.accumulate, "every one of the 4 backwards all_reduced", "the forward too")
