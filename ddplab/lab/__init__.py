@@ -59,15 +59,17 @@ Where things are
 - ``lab``: ``Lab``, the API a notebook calls, composed of a ``Ranks`` and a ``Calls``.
 - ``ranks``: the ``Ranks`` interface (the processes of the ranks, wherever they run),
   ``LabSpec`` and the heartbeat setting; ``local``: ``LocalRanks``, engines on this
-  machine; ``multihost``: ``HostRanks``, engines on several hosts; ``hostlaunch``:
-  starting and stopping those engines through ipyparallel's launchers.
+  machine; ``multihost``: ``HostRanks``, engines on several hosts; ``hostlaunch``
+  (with ``sshlaunch`` and ``batchlaunch``): starting and stopping those engines.
+- ``owncode``: ``lab.spawn`` and ``lab.run_script``, for code that makes its own group.
 - ``calls``: calls sent to the ranks and how they ended (results, errors, hangs,
   cells left running, late output, interrupts); ``fanout``: one call to many engines.
 - ``current_lab``: the lab ``current()``, ``%%ranks`` and the checkers use.
 - ``magics``: the ``%%ranks`` / ``%%rank N`` cell magics.
 - ``template``: engines forked from a warm process that imported torch once.
 - ``display``: rank-ordered output in the notebook; ``live``: output while a cell runs.
-- ``diagnose``: where a stuck rank is blocked, from its stack, and why an engine died.
+- ``diagnose``: where a stuck rank is blocked, from its stack, and why an engine died;
+  ``flight``: which collective each rank is in (torch's flight recorder), for ``HangError``.
 
 Every process a lab starts is ended by ``ddplab.procs``.
 
