@@ -158,7 +158,9 @@ def ssh_network():
         assert not left, f"could not delete namespaces {left}"
 
 
-@pytest.fixture(scope="session")
+# Module scope: the daemons (slurmctld and slurmd listen on every interface of this
+# machine) end with tests/test_realhosts.py, before tests that check what listens.
+@pytest.fixture(scope="module")
 def ssh_hosts():
     need_root("/usr/sbin/sshd", "ssh", "ssh-keygen", "ip")
     with ssh_network() as hosts:
@@ -177,7 +179,7 @@ class Slurm:
         return out.stdout.split("\n")[:-1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm():
     need_root("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "sbatch")
     w = tempfile.mkdtemp(prefix="realhosts-slurm-")

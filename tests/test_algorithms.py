@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 import ddplab
@@ -11,8 +13,20 @@ from ddplab.lab import Lab, LabSpec
 
 pytestmark = pytest.mark.slow
 
-IMPLEMENTATIONS = [algorithms.naive_all_reduce_collectives, algorithms.naive_all_reduce,
-                   algorithms.ring_all_reduce, algorithms.recursive_doubling_all_reduce]
+
+
+def _as_an_answer(reference):
+    """The same code under another name: the checkers refuse ddplab's own all_reduces
+    (an answer may not call them), so the references are checked as a student's copy."""
+    code = reference.__code__.replace(co_name=reference.__name__ + "_copy")
+    copy = types.FunctionType(code, reference.__globals__, reference.__name__, reference.__defaults__)
+    copy.__module__ = __name__
+    return copy
+
+
+IMPLEMENTATIONS = [_as_an_answer(fn) for fn in (
+    algorithms.naive_all_reduce_collectives, algorithms.naive_all_reduce,
+    algorithms.ring_all_reduce, algorithms.recursive_doubling_all_reduce)]
 
 
 def _small_lab(world_size):

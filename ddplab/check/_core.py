@@ -80,6 +80,14 @@ def warm_up_ddp(lab: Any = None) -> None:
     run_on_ranks(_ddp_step_once, lab=lab, timeout=WARM_UP_TIMEOUT)
 
 
+def _raised(traceback_text: str) -> str:
+    """The exception a formatted traceback ends with: ``NotImplementedError: ...`` -> its name."""
+    lines = [line for line in traceback_text.strip().splitlines() if line and not line[0].isspace()]
+    last = lines[-1] if lines else ""
+    name = last.split(":", 1)[0].strip()
+    return name if name.replace(".", "").replace("_", "").isalnum() else "an exception"
+
+
 def run_student_code(what: str, fn: Callable, *args: Any, lab: Any = None, timeout: float,
                      hint: str) -> list[Any]:
     """``run_on_ranks``, where ``fn`` runs the student's code: its failures become AssertionErrors.
@@ -95,7 +103,10 @@ def run_student_code(what: str, fn: Callable, *args: Any, lab: Any = None, timeo
     try:
         return run_on_ranks(fn, *args, lab=lab, timeout=timeout)
     except RankError as exc:
-        raise AssertionError(f"{what} raised an exception, so it cannot be checked:\n{exc}") from None
+        # The first line names what was raised: a grader's one-line reason shows only it.
+        raised = sorted({_raised(text) for text in exc.failures.values()}) or ["an exception"]
+        raise AssertionError(f"{what} raised {' / '.join(raised)}, so it cannot be checked:"
+                             f"\n{exc}") from None
     except HangError as exc:
         raise deadlock(what, exc, timeout, hint) from None
 
