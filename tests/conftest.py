@@ -73,3 +73,18 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def fails(checker, *needles: str) -> str:
+    """Run a checker that must reject the answer; return its message after checking key words."""
+    with pytest.raises(AssertionError) as info:
+        checker()
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+def last_line(capsys) -> str:
+    """The last line a checker printed (its one ``Correct: ...`` line)."""
+    return capsys.readouterr().out.splitlines()[-1]

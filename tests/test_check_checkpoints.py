@@ -7,6 +7,7 @@ The student's code runs on the ranks of a real 2-rank gloo lab, defined by a
 from __future__ import annotations
 
 import pytest
+from conftest import fails, last_line
 
 import ddplab
 from ddplab.check import checkpoints
@@ -22,18 +23,6 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 """
 
-
-def fails(checker, *needles: str) -> str:
-    with pytest.raises(AssertionError) as info:
-        checker()
-    message = str(info.value)
-    for needle in needles:
-        assert needle in message, message
-    return message
-
-
-def last_line(capsys) -> str:
-    return capsys.readouterr().out.splitlines()[-1]
 
 
 def test_checkers_are_public_under_their_own_names():

@@ -7,6 +7,7 @@ layers, a 4-rank one), as the notebook's %%ranks exercise cells would.
 from __future__ import annotations
 
 import pytest
+from conftest import fails, last_line
 
 import ddplab
 from ddplab.check import sharding_model
@@ -30,18 +31,6 @@ for layer in model:
 fully_shard(model, mesh=mesh)
 """
 
-
-def fails(checker, *needles: str) -> str:
-    with pytest.raises(AssertionError) as info:
-        checker()
-    message = str(info.value)
-    for needle in needles:
-        assert needle in message, message
-    return message
-
-
-def last_line(capsys) -> str:
-    return capsys.readouterr().out.splitlines()[-1]
 
 
 def test_checkers_are_public_under_their_own_names():

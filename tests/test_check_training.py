@@ -8,6 +8,7 @@ check cell calls it.
 from __future__ import annotations
 
 import pytest
+from conftest import fails, last_line
 
 import ddplab
 from ddplab.check import training
@@ -22,19 +23,6 @@ torch.manual_seed(rank)
 model = SmallCNN()
 """
 
-
-def fails(checker, *needles: str) -> str:
-    """Run a checker that must reject the answer; return its message after checking key words."""
-    with pytest.raises(AssertionError) as info:
-        checker()
-    message = str(info.value)
-    for needle in needles:
-        assert needle in message, message
-    return message
-
-
-def last_line(capsys) -> str:
-    return capsys.readouterr().out.splitlines()[-1]
 
 
 def test_checkers_are_public_under_their_own_names():
