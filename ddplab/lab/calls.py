@@ -29,7 +29,7 @@ from typing import Any, Callable
 from .. import progress
 from ..errors import DdplabError, EngineDiedError, HangError, RankError
 from ..text import plural
-from . import diagnose, display, flight, live
+from . import debugger, diagnose, display, flight, live
 from .ranks import Loss, Ranks
 
 #: After one rank fails, how long the others get to finish before we conclude
@@ -54,6 +54,7 @@ class Calls:
         self.bare = bare               # ranks that join a group themselves (init_method=None)
         self.pending: list[Task] = []  # %%rank cells left running after their grace
         self.broken = ""               # why the lab needs a restart, if it does
+        self.failed: list[int] = []    # the ranks of the last RankError (``lab.debug`` looks there)
 
     # ------------------------------------------------------------- sending
     def submit(self, ranks: list[int], fn: Callable, *args: Any) -> list[Task]:
@@ -114,6 +115,8 @@ class Calls:
             raise self._hang_error(everything, timeout, "cell")
         still = [t for t in everything if t.outcome is None]
         failures = _failures(tasks)
+        if failures:
+            self.failed = sorted(failures)
         # Ranks still running beside a failure are about to be reported stuck.
         self._replay(everything, stuck=bool(failures and still))
         late = _failures(pending)
@@ -154,13 +157,20 @@ class Calls:
         failed_at = None
         board = progress.Board()                 # live bars, once a rank calls progress.report
         areas = live.Board()                     # live output, once a rank prints
+        prompts = debugger.Prompter(self.ranks.directory)   # a rank's pdb prompts, if any
+        mark = time.monotonic()
         try:
             while True:
                 for task in tasks:
                     if task.outcome is None and task.result.ready():
                         task.outcome = self._outcome(task)
                 board.update({t.rank: t.result for t in tasks})
-                areas.update(tasks)
+                areas.update(tasks, prompts.notes())
+                if prompts.serve(tasks, areas):
+                    # A rank is in the debugger: the user's time, not the cell's.
+                    deadline += time.monotonic() - mark
+                    failed_at = None if failed_at is None else failed_at + time.monotonic() - mark
+                mark = time.monotonic()
                 undone = [t for t in tasks if t.outcome is None]
                 if not undone:
                     return "done"

@@ -1,0 +1,190 @@
+"""The kernel's side of a rank's debugger: its prompts in the notebook, one rank at a time.
+
+A rank stopped in pdb (``ddplab.breakpoint()``, ``%%rank N --pdb``,
+``%ddplab_debug``; the rank's side is ``ddplab.rank.debugger``) publishes each
+prompt as a request. ``Prompter.serve``, called from the wait loop of the
+call (``Calls``), shows what pdb wrote and asks the notebook's user with
+``input()``: in a Jupyter kernel that is an ``input_request`` (an input box in
+JupyterLab, answerable by any Jupyter client), in a terminal the terminal's
+stdin. The line typed goes back to the rank through a file in the lab's 0700
+directory.
+
+- **One rank at a time.** Once a rank's session begins, only its prompts are
+  served until it ends (``c``, ``q``, or its call ends); then the lowest rank
+  waiting at a prompt is next. Each prompt names its rank: ``(Pdb rank 1)``.
+- **The others are shown waiting.** While a rank is in the debugger the live
+  status keeps updating (from a side thread while ``input()`` blocks):
+  that rank reads ``in the debugger``, a rank waiting for it in a collective
+  ``blocked in barrier, cell line 6``.
+- **The lab's timeout does not run** while a session is open: ``Calls``
+  moves its deadline on by the time spent (``serve`` says when).
+- **No input box** (nbval, a grader, ``allow_stdin`` off): every prompt is
+  answered ``c`` and the notebook says so once, so a notebook with a
+  breakpoint in it still runs to its end unattended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import os
+import threading
+from typing import Any, Iterator
+
+from ..errors import DdplabError
+from ..progress import published
+from ..rank.debugger import REQUEST_KEY
+from . import display
+
+#: What the live status says of a rank at the debugger's prompt.
+AT_PROMPT = "in the debugger"
+#: Seconds between two updates of the live status while the user types.
+REFRESH = 0.2
+log = logging.getLogger(__name__)
+
+
+def request(task: Any) -> dict | None:
+    """The latest debugger request (or end of session) a task's rank published, if any."""
+    try:
+        value = published(task.result).get(REQUEST_KEY)
+    except Exception:              # polled every wait step: a bad message only loses a prompt
+        log.debug("no debugger request in this result", exc_info=True)
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class Prompter:
+    """Serves the debugger prompts of one wait's tasks; see this module's docstring."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory     # where answers may be written: the lab's 0700 folder
+        self.current: Any = None       # the task whose rank's session is open
+        self._seen: dict[int, int] = {}   # id(task) -> the last seq handled
+        self._no_stdin = False
+
+    @property
+    def open(self) -> bool:
+        """Whether a rank's debugger session is open (its time is the user's, not the cell's)."""
+        return self.current is not None
+
+    def notes(self) -> dict[int, str]:
+        """Live-status words for the rank in the debugger, by rank."""
+        return {} if self.current is None else {self.current.rank: AT_PROMPT}
+
+    def serve(self, tasks: list[Any], board: Any) -> bool:
+        """Answer the open session's prompt, if one is waiting. True while a session is open."""
+        self._end_if_over()
+        if self.current is None:
+            waiting = [t for t in sorted(tasks, key=lambda t: t.rank) if self._new(t)]
+            if not waiting:
+                return False
+            self.current = waiting[0]
+        task = self.current
+        asked = request(task)
+        if asked is None or not self._new(task):
+            return True                # between two prompts: the rank runs its n or s
+        self._seen[id(task)] = asked["seq"]
+        if asked.get("done"):
+            _show(asked.get("text", ""))
+            self.current = None
+            return True
+        self._answer(asked, self._ask(asked, tasks, board))
+        return True
+
+    def _new(self, task: Any) -> bool:
+        asked = request(task)
+        return (task.outcome is None and asked is not None
+                and asked.get("seq", 0) > self._seen.get(id(task), 0))
+
+    def _end_if_over(self) -> None:
+        task = self.current
+        if task is not None and task.outcome is not None:
+            self.current = None        # its call ended: no prompt will come
+
+    def _ask(self, asked: dict, tasks: list[Any], board: Any) -> str | None:
+        """Show the rank's pdb output, then ask for a line; None for end of input."""
+        _show(asked.get("text", ""))
+        if self._no_stdin:
+            return "c"
+        board.update(tasks, self.notes())
+        try:
+            with _refreshing(board, tasks, self.notes()):
+                return input(asked.get("prompt", f"(Pdb rank {asked.get('rank')}) "))
+        except EOFError:
+            return None                # end of input: pdb quits, as in a terminal
+        except Exception as e:         # StdinNotImplementedError: this front end has no input box
+            if type(e).__name__ != "StdinNotImplementedError":
+                raise
+            self._no_stdin = True
+            display.say(f"ddplab: rank {asked.get('rank')} stopped in the debugger, but this "
+                        f"front end cannot answer a prompt (no stdin, as under nbval or a "
+                        f"grader): it continues (c).")
+            return "c"
+
+    def _answer(self, asked: dict, line: str | None) -> None:
+        path = str(asked.get("answer", ""))
+        if os.path.dirname(os.path.realpath(path)) != os.path.realpath(self.directory):
+            raise DdplabError(
+                f"ddplab: rank {asked.get('rank')} stopped in the debugger, but its folder is "
+                f"on another host, out of this kernel's reach: the debugger works on a lab on "
+                f"this machine. Recover with: lab.restart()")
+        partial = path + ".partial"
+        with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
+                  encoding="utf-8") as f:
+            json.dump({"seq": asked["seq"], "line": line}, f)
+        os.replace(partial, path)      # the rank never reads half an answer
+
+
+def _show(text: str) -> None:
+    if text:
+        display.say(text)
+
+
+@contextlib.contextmanager
+def _refreshing(board: Any, tasks: list[Any], notes: dict[int, str]) -> Iterator[None]:
+    """Keep the live status updating while the main thread waits in ``input()``.
+
+    The thread runs in a copy of this context, so what it publishes belongs to
+    the running cell (ipykernel keeps the cell's message header in a context
+    variable).
+    """
+    stop = threading.Event()
+
+    def refresh() -> None:
+        while not stop.wait(REFRESH):
+            board.update(tasks, notes)
+
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(refresh,), name="ddplab-pdb-status",
+                              daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def post_mortem(calls: Any, rank: int | None, timeout: float) -> None:
+    """pdb in the frames of ``rank``'s last error (default: the last ``RankError``'s first rank).
+
+    What ``lab.debug()`` and ``%ddplab_debug`` do. The session is served by the
+    wait of that call, like any other prompt.
+    """
+    from ..errors import ConfigError
+    from ..rank import debugger as on_rank, engine
+    if rank is None:
+        if not calls.failed:
+            raise ConfigError("ddplab: no rank has raised yet, so there is nothing to debug "
+                              "post-mortem. Run the failing cell, then %ddplab_debug (or "
+                              "lab.debug()); to stop at a line instead, put "
+                              "ddplab.breakpoint() in the cell.")
+        rank = calls.failed[0]
+        if len(calls.failed) > 1:
+            display.say(f"ddplab: ranks {', '.join(map(str, calls.failed))} raised; debugging "
+                        f"rank {rank} (lab.debug(rank=N) for another).")
+    calls.ensure_usable()
+    task = calls.call(rank, engine.call, on_rank.post_mortem, (), {})
+    calls.finish([task], timeout, grace=None)

@@ -1,0 +1,153 @@
+"""pdb on a rank through a real Jupyter kernel: its prompts answered as a front end would.
+
+A kernel is started with jupyter_client, a lab in it; cells run with
+``allow_stdin=True`` and each ``input_request`` (the input box JupyterLab would
+show) is answered on the stdin channel, while the iopub messages are read:
+the pdb text the kernel prints, and the live status of the other ranks.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+pytestmark = pytest.mark.slow       # a kernel and a lab of its own: seconds per test
+
+
+@dataclass
+class Run:
+    """What a front end saw of one cell."""
+    prompts: list[str] = field(default_factory=list)    # each input_request's prompt
+    stdout: str = ""
+    error: str = ""                                      # the error's name and value, if any
+    statuses: list[str] = field(default_factory=list)   # live areas' texts, in order
+
+
+def run(client, code: str, answers=(), limit: float = 60, before_answer=None) -> Run:
+    """Run ``code``; answer the prompts with ``answers`` in order; return what came back.
+
+    ``before_answer(run)``: called at each prompt, before it is answered; it may
+    read more iopub messages through ``run`` (see ``wait_for_status``).
+    """
+    answers = list(answers)
+    msg_id = client.execute(code, allow_stdin=True)
+    seen = Run()
+    deadline = time.monotonic() + limit
+
+    def take(msg) -> bool:
+        """Note one iopub message; True at the cell's end."""
+        if msg["parent_header"].get("msg_id") != msg_id:
+            return False
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream" and content["name"] == "stdout":
+            seen.stdout += content["text"]
+        elif kind in ("display_data", "update_display_data"):
+            text = content["data"].get("text/plain", "")
+            if text:
+                seen.statuses.append(text)
+        elif kind == "error":
+            seen.error = f"{content['ename']}: {content['evalue']}"
+        return kind == "status" and content["execution_state"] == "idle"
+
+    seen.take = take                                    # for before_answer
+    while time.monotonic() < deadline:
+        try:
+            request = client.get_stdin_msg(timeout=0.05)
+        except queue.Empty:
+            request = None
+        if request is not None:
+            seen.prompts.append(request["content"]["prompt"])
+            if before_answer is not None:
+                before_answer(seen, client)
+            assert answers, f"an unexpected prompt {seen.prompts[-1]!r}; output so far:\n{seen.stdout}"
+            client.input(answers.pop(0))
+        try:
+            while True:
+                if take(client.get_iopub_msg(timeout=0.05)):
+                    assert not answers, (f"prompts left unanswered: {answers}; got {seen.error}:\n"
+                                        f"{seen.stdout}")
+                    return seen
+        except queue.Empty:
+            pass
+    raise AssertionError(f"the cell did not end in {limit} s; prompts {seen.prompts}, "
+                         f"output:\n{seen.stdout}")
+
+
+def wait_for_status(*patterns: str, limit: float = 15):
+    """A ``before_answer`` that reads iopub until live areas match each of ``patterns``."""
+    pattern = "; ".join(patterns)
+
+    def wait(seen: Run, client) -> None:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            if all(any(re.search(p, s) for s in seen.statuses) for p in patterns):
+                return
+            try:
+                seen.take(client.get_iopub_msg(timeout=0.1))
+            except queue.Empty:
+                pass
+        raise AssertionError(f"no live status matched {pattern!r} while the prompt waited: "
+                             f"{seen.statuses}")
+    return wait
+
+
+def ok(client, code: str) -> str:
+    seen = run(client, code)
+    assert not seen.error, seen.error
+    return seen.stdout
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    manager, client = start_new_kernel(kernel_name="python3", startup_timeout=120)
+    try:
+        ok(client, f"import sys; assert sys.executable == {sys.executable!r}")
+        ok(client, "import ddplab\nlab = ddplab.start(world_size=2, backend='gloo', timeout=30)")
+        yield client
+        run(client, "lab.stop()")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def k(kernel):
+    """The kernel, its lab usable (an earlier test may have left it to restart)."""
+    ok(kernel, "if not lab.healthy: lab.restart()")
+    return kernel
+
+
+# Rank 1 stops before line 4; rank 0 goes on to the barrier (cell line 6) and waits there.
+STOP_RANK_1 = """%%ranks
+import ddplab
+x = rank * 10 + 1
+ddplab.breakpoint(rank=1)
+y = x + 1
+z = y * 2
+dist.barrier()
+print('z =', z)
+"""
+
+
+def test_stop_rank_1_print_step_list_continue_while_rank_0_waits(k):
+    seen = run(k, STOP_RANK_1, ["p x", "n", "p y", "l", "c"],
+               before_answer=wait_for_status(r"^\[rank 0\] \(blocked in barrier, cell line 6\)",
+                                             r"^\[rank 1\] \(in the debugger\)"))
+    assert not seen.error, seen.error
+    assert seen.prompts == ["(Pdb rank 1) "] * 5
+    # Where it stopped, then each answer, in the order typed.
+    assert "-> y = x + 1" in seen.stdout
+    assert "\n11\n" in seen.stdout                  # p x, on rank 1
+    assert "-> z = y * 2" in seen.stdout             # n
+    assert "\n12\n" in seen.stdout                   # p y
+    assert "  6  \tdist.barrier()" in seen.stdout   # l lists the cell around the line
+    # (Rank 1 shown in the debugger and rank 0 waiting for it in the barrier, while the
+    # first prompt waited: wait_for_status failed the test otherwise.)
+    # c: the cell finished normally, with the right values on both ranks.
+    assert seen.stdout.endswith("[rank 0]\nz = 4\n[rank 1]\nz = 24\n"), seen.stdout
