@@ -29,14 +29,15 @@ class Run:
     statuses: list[str] = field(default_factory=list)   # live areas' texts, in order
 
 
-def run(client, code: str, answers=(), limit: float = 60, before_answer=None) -> Run:
+def run(client, code: str, answers=(), limit: float = 60, before_answer=None,
+        allow_stdin: bool = True) -> Run:
     """Run ``code``; answer the prompts with ``answers`` in order; return what came back.
 
     ``before_answer(run)``: called at each prompt, before it is answered; it may
     read more iopub messages through ``run`` (see ``wait_for_status``).
     """
     answers = list(answers)
-    msg_id = client.execute(code, allow_stdin=True)
+    msg_id = client.execute(code, allow_stdin=allow_stdin)
     seen = Run()
     deadline = time.monotonic() + limit
 
@@ -151,3 +152,74 @@ def test_stop_rank_1_print_step_list_continue_while_rank_0_waits(k):
     # first prompt waited: wait_for_status failed the test otherwise.)
     # c: the cell finished normally, with the right values on both ranks.
     assert seen.stdout.endswith("[rank 0]\nz = 4\n[rank 1]\nz = 24\n"), seen.stdout
+
+
+def test_q_ends_the_cell_with_a_clear_message_and_the_next_cell_works(k):
+    seen = run(k, "%%rank 1 --pdb\na = 5\nb = a + 1\nprint('not reached')\n", ["n", "p a", "q"])
+    assert seen.prompts == ["(Pdb rank 1) "] * 3
+    assert "-> a = 5" in seen.stdout and "-> b = a + 1" in seen.stdout and "\n5\n" in seen.stdout
+    assert seen.error.startswith("RankError"), seen.error
+    assert "rank 1: you quit the debugger (q), so the cell stopped there" in seen.error
+    assert "use c (continue)" in seen.error
+    assert "not reached" not in seen.stdout
+    assert ok(k, "%%ranks\nprint(rank * 3)") == "[rank 0]\n0\n[rank 1]\n3\n"
+
+
+def test_q_while_another_rank_waits_in_a_collective_names_the_recovery(k):
+    # pytorch#154563: the other rank is stranded in the barrier. ddplab says where it is
+    # and the one call that frees it, and that call works.
+    seen = run(k, "%%ranks\nimport ddplab\nddplab.breakpoint(rank=1)\nx = 1\ndist.barrier()\n", ["q"])
+    assert "you quit the debugger (q)" in seen.error, seen.error
+    assert "rank 0: still in barrier (cell line 4), waiting for the failed rank" in seen.error
+    assert seen.error.endswith("Recover with: lab.restart()"), seen.error
+    assert ok(k, "lab.restart()\nprint(lab.healthy)") == "True\n"
+    assert ok(k, "%%ranks\ndist.barrier()\nprint(rank)") == "[rank 0]\n0\n[rank 1]\n1\n"
+
+
+def test_two_ranks_at_breakpoints_are_served_one_at_a_time(k):
+    seen = run(k, "%%ranks\nimport ddplab\nv = rank + 100\nddplab.breakpoint()\nw = v\nprint(w)\n",
+               ["p v", "c", "p v", "c"])
+    assert not seen.error, seen.error
+    # Whichever rank got there first, its session ran to its c before the other's began.
+    assert seen.prompts in (["(Pdb rank 0) "] * 2 + ["(Pdb rank 1) "] * 2,
+                            ["(Pdb rank 1) "] * 2 + ["(Pdb rank 0) "] * 2), seen.prompts
+    first, second = seen.prompts[0][len("(Pdb rank ")], seen.prompts[2][len("(Pdb rank ")]
+    said = [line for line in seen.stdout.splitlines() if "stopped in the debugger" in line]
+    assert [line.split()[2] for line in said] == [first, second], said
+    # Each p v answered from its own rank: 100 on rank 0, 101 on rank 1, in serving order.
+    values = [line for line in seen.stdout.splitlines() if line in ("100", "101")]
+    assert values[:2] == [f"10{first}", f"10{second}"], seen.stdout
+    assert seen.stdout.endswith("[rank 0]\n100\n[rank 1]\n101\n"), seen.stdout
+
+
+FAILING = """%%ranks
+def scale(n):
+    secret = n * 7
+    if rank == 1:
+        raise ValueError('boom')
+    return secret
+scale(rank + 1)
+"""
+
+
+def test_ddplab_debug_after_a_rank_error_shows_the_ranks_local_variable(k):
+    seen = run(k, FAILING)
+    assert seen.error.startswith("RankError") and "ValueError: boom" in seen.error
+    seen = run(k, "%ddplab_debug", ["p secret", "p n", "u", "p rank", "c"])
+    assert not seen.error, seen.error
+    assert seen.prompts == ["(Pdb rank 1) "] * 5
+    assert "ValueError: boom\n> <rank cell" in seen.stdout
+    assert "(4)scale()\n-> raise ValueError('boom')" in seen.stdout
+    assert "\n14\n2\n" in seen.stdout.replace("\n> ", "\n")    # secret and n on rank 1
+    assert "(6)<module>()\n-> scale(rank + 1)" in seen.stdout   # u: the cell's frame
+    assert ok(k, "%%ranks\nprint('usable', rank)") == "[rank 0]\nusable 0\n[rank 1]\nusable 1\n"
+
+
+def test_with_no_input_box_a_breakpoint_continues(k):
+    # nbval and the grader send cells without allow_stdin: the notebook must run to its end.
+    seen = run(k, "%%rank 1\nimport ddplab\nddplab.breakpoint()\nprint('went on')\n",
+               allow_stdin=False)
+    assert not seen.error and not seen.prompts, seen
+    assert seen.stdout == ("ddplab: rank 1 stopped in the debugger, but this front end cannot "
+                           "answer a prompt (no stdin, as under nbval or a grader): it continues "
+                           "(c).\n[rank 1]\nwent on\n")

@@ -92,9 +92,10 @@ class Channel:
         seq = _next_seq()
         text = self._take()
         prompt = self.prompt if text.endswith(self.prompt) else ""
-        self.open = True
+        first, self.open = not self.open, True
         self._publish({REQUEST_KEY: {"seq": seq, "rank": self.rank, "text": text[:len(text) - len(prompt)],
-                                     "prompt": prompt or self.prompt, "answer": self._answer_path}})
+                                     "prompt": prompt or self.prompt, "answer": self._answer_path,
+                                     "first": first}})
         try:
             line = self._await(seq)
         except KeyboardInterrupt:
@@ -140,6 +141,18 @@ class Debugger(pdb.Pdb):
 
     def stop_here(self, frame: FrameType) -> bool:
         return where.is_user_code(frame.f_code.co_filename) and super().stop_here(frame)
+
+    def user_return(self, frame: FrameType, return_value: object) -> None:
+        """Step on past the end of a rank cell instead of stopping at ``--Return--``.
+
+        The engine runs a cell's last expression in a code object of its own
+        (to show its value), so the cell's body "returns" just before it; a
+        stop there would show a line the cell is not at.
+        """
+        if frame.f_code.co_name == "<module>" and frame.f_code.co_filename.startswith(where.CELL_PREFIX):
+            self.set_step()
+            return
+        super().user_return(frame, return_value)
 
     def set_continue(self) -> None:
         super().set_continue()
