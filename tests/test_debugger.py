@@ -110,6 +110,7 @@ def kernel():
     try:
         ok(client, f"import sys; assert sys.executable == {sys.executable!r}")
         ok(client, "import ddplab\nlab = ddplab.start(world_size=2, backend='gloo', timeout=30)")
+        client.interrupt = manager.interrupt_kernel    # Kernel > Interrupt, for one test
         yield client
         run(client, "lab.stop()")
     finally:
@@ -223,3 +224,52 @@ def test_with_no_input_box_a_breakpoint_continues(k):
     assert seen.stdout == ("ddplab: rank 1 stopped in the debugger, but this front end cannot "
                            "answer a prompt (no stdin, as under nbval or a grader): it continues "
                            "(c).\n[rank 1]\nwent on\n")
+
+
+STEP_IN = """%%rank 1 --timeout 1 --pdb
+def double(q):
+    r = q * 2
+    return r
+y = double(21)
+print(y)
+"""
+
+
+def test_s_steps_into_the_cells_function_and_the_timeout_waits_for_the_user(k):
+    def think(seen: Run, client) -> None:
+        """The user thinks at the first prompt for longer than the cell's timeout."""
+        if len(seen.prompts) == 1:
+            deadline = time.monotonic() + 2.5
+            while time.monotonic() < deadline:
+                try:
+                    seen.take(client.get_iopub_msg(timeout=0.1))
+                except queue.Empty:
+                    pass
+
+    seen = run(k, STEP_IN, ["n", "s", "n", "p q", "n", "p r", "c"], before_answer=think)
+    assert not seen.error, seen.error                # no HangError after timeout=1
+    assert "-> y = double(21)" in seen.stdout
+    assert "--Call--\n> <rank cell" in seen.stdout and "(1)double()" in seen.stdout   # s
+    assert "(2)double()\n-> r = q * 2" in seen.stdout
+    assert "\n21\n" in seen.stdout and "\n42\n" in seen.stdout                        # p q, p r
+    assert seen.stdout.endswith("[rank 1]\n42\n"), seen.stdout
+
+
+def test_kernel_interrupt_at_a_prompt_ends_the_cell_and_the_lab_stays_usable(k):
+    msg_id = k.execute("%%ranks\nimport ddplab\nddplab.breakpoint(rank=1)\nx = 1\n", allow_stdin=True)
+    assert k.get_stdin_msg(timeout=30)["content"]["prompt"] == "(Pdb rank 1) "
+    k.interrupt()                                     # instead of answering
+    stdout, error = "", ""
+    while True:
+        msg = k.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            stdout += msg["content"]["text"]
+        elif msg["msg_type"] == "error":
+            error = msg["content"]["ename"]
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    assert error == "KeyboardInterrupt", (error, stdout)
+    assert "ddplab: interrupted; the ranks stopped and the lab is usable." in stdout, stdout
+    assert ok(k, "%%ranks\nprint(rank)") == "[rank 0]\n0\n[rank 1]\n1\n"

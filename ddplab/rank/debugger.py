@@ -142,14 +142,16 @@ class Debugger(pdb.Pdb):
     def stop_here(self, frame: FrameType) -> bool:
         return where.is_user_code(frame.f_code.co_filename) and super().stop_here(frame)
 
-    def user_return(self, frame: FrameType, return_value: object) -> None:
-        """Step on past the end of a rank cell instead of stopping at ``--Return--``.
+    # The engine runs a cell's last expression in a code object of its own (to
+    # show its value), so a cell's body "returns" just before it and the
+    # expression is "called": stops there would show lines the cell is not at.
+    # Stepping goes on to the expression's line, or ends with the cell.
+    def user_call(self, frame: FrameType, argument_list: object) -> None:
+        if not _cell_body(frame):
+            super().user_call(frame, argument_list)
 
-        The engine runs a cell's last expression in a code object of its own
-        (to show its value), so the cell's body "returns" just before it; a
-        stop there would show a line the cell is not at.
-        """
-        if frame.f_code.co_name == "<module>" and frame.f_code.co_filename.startswith(where.CELL_PREFIX):
+    def user_return(self, frame: FrameType, return_value: object) -> None:
+        if _cell_body(frame):
             self.set_step()
             return
         super().user_return(frame, return_value)
@@ -162,6 +164,11 @@ class Debugger(pdb.Pdb):
         self.quit_asked = True
         super().set_quit()
         self.channel.done()
+
+
+def _cell_body(frame: FrameType) -> bool:
+    """Whether ``frame`` runs a rank cell's top level (not a function the cell defined)."""
+    return frame.f_code.co_name == "<module>" and frame.f_code.co_filename.startswith(where.CELL_PREFIX)
 
 
 def _next_seq() -> int:
