@@ -193,6 +193,21 @@ def test_two_ranks_at_breakpoints_are_served_one_at_a_time(k):
     assert seen.stdout.endswith("[rank 0]\n100\n[rank 1]\n101\n"), seen.stdout
 
 
+
+def test_n_into_a_barrier_moves_on_to_the_rank_it_waits_for(k):
+    # PR#118645's trap: n over a barrier on the first rank blocks it until the other,
+    # at its own prompt, gets there. The kernel moves on to that rank instead of waiting.
+    seen = run(k, "%%ranks\nimport ddplab\nddplab.breakpoint()\ndist.barrier()\nprint('past', rank)\n",
+               ["n", "n", "c", "c"])
+    assert not seen.error, seen.error
+    a, b = seen.prompts[0], seen.prompts[1]
+    assert a != b and seen.prompts == [a, b, b, a], seen.prompts
+    first = a[len("(Pdb rank ")]
+    assert f"ddplab: rank {first} is blocked in barrier, cell line 3, waiting for the other ranks" \
+        in seen.stdout, seen.stdout
+    assert seen.stdout.endswith("[rank 0]\npast 0\n[rank 1]\npast 1\n"), seen.stdout
+
+
 FAILING = """%%ranks
 def scale(n):
     secret = n * 7

@@ -189,6 +189,7 @@ class Calls:
             raise
         finally:
             areas.close()                        # the final output is printed after this
+            self.broken = prompts.broken or self.broken
 
     def _outcome(self, task: Task) -> dict:
         """A finished task's outcome; a lost engine (which the ranks name) is recorded."""

@@ -12,6 +12,8 @@ directory.
 - **One rank at a time.** Once a rank's session begins, only its prompts are
   served until it ends (``c``, ``q``, or its call ends); then the lowest rank
   waiting at a prompt is next. Each prompt names its rank: ``(Pdb rank 1)``.
+  One exception: a rank whose ``n`` took it into a collective (``blocked in
+  barrier``) waits for the others, so a rank waiting at its prompt goes next.
 - **The others are shown waiting.** While a rank is in the debugger the live
   status keeps updating (from a side thread while ``input()`` blocks):
   that rank reads ``in the debugger``, a rank waiting for it in a collective
@@ -36,7 +38,7 @@ from typing import Any, Iterator
 from ..errors import DdplabError
 from ..progress import published
 from ..rank.debugger import REQUEST_KEY
-from . import display
+from . import display, live
 
 #: What the live status says of a rank at the debugger's prompt.
 AT_PROMPT = "in the debugger"
@@ -63,6 +65,8 @@ class Prompter:
         self.current: Any = None       # the task whose rank's session is open
         self._seen: dict[int, int] = {}   # id(task) -> the last seq handled
         self._no_stdin = False
+        self._fresh = False            # the open session has not shown its first prompt yet
+        self.broken = ""               # why the lab needs a restart, after a prompt not answered
 
     @property
     def open(self) -> bool:
@@ -75,12 +79,12 @@ class Prompter:
 
     def serve(self, tasks: list[Any], board: Any) -> bool:
         """Answer the open session's prompt, if one is waiting. True while a session is open."""
-        self._end_if_over()
+        self._end_if_over(tasks)
         if self.current is None:
             waiting = [t for t in sorted(tasks, key=lambda t: t.rank) if self._new(t)]
             if not waiting:
                 return False
-            self.current = waiting[0]
+            self.current, self._fresh = waiting[0], True
         task = self.current
         asked = request(task)
         if asked is None or not self._new(task):
@@ -98,16 +102,33 @@ class Prompter:
         return (task.outcome is None and asked is not None
                 and asked.get("seq", 0) > self._seen.get(id(task), 0))
 
-    def _end_if_over(self) -> None:
+    def _end_if_over(self, tasks: list[Any]) -> None:
+        """End the open session if its call ended, or if its rank now waits for a rank at a prompt.
+
+        ``n`` over ``dist.barrier()`` on rank 0 blocks rank 0 until rank 1, at
+        its own prompt, gets there too: serving only rank 0 would wait forever.
+        """
         task = self.current
-        if task is not None and task.outcome is not None:
+        if task is None:
+            return
+        if task.outcome is not None:
             self.current = None        # its call ended: no prompt will come
+            return
+        status = live.reported(task.result)
+        if self._new(task) or not status.startswith("blocked"):
+            return
+        others = [t for t in sorted(tasks, key=lambda t: t.rank) if t is not task and self._new(t)]
+        if others:
+            display.say(f"ddplab: rank {task.rank} is {status}, waiting for the other ranks; "
+                        f"on to rank {others[0].rank}, at its prompt.")
+            self.current = None
 
     def _ask(self, asked: dict, tasks: list[Any], board: Any) -> str | None:
         """Show the rank's pdb output, then ask for a line; None for end of input."""
         if self._no_stdin or not _can_prompt():
             return self._go_on(asked)
-        if asked.get("first"):
+        if self._fresh:
+            self._fresh = False
             display.say(f"ddplab: rank {asked.get('rank')} stopped in the debugger (n next line, "
                         f"s step in, p x print x, l list, c continue, q stop the cell).")
         _show(asked.get("text", ""))
@@ -133,7 +154,8 @@ class Prompter:
 
     def _answer(self, asked: dict, line: str | None) -> None:
         path = str(asked.get("answer", ""))
-        if os.path.dirname(os.path.realpath(path)) != os.path.realpath(self.directory):
+        if not _reachable(os.path.dirname(path), self.directory):
+            self.broken = "a rank waits at a debugger prompt this kernel cannot answer."
             raise DdplabError(
                 f"ddplab: rank {asked.get('rank')} stopped in the debugger, but its folder is "
                 f"on another host, out of this kernel's reach: the debugger works on a lab on "
@@ -143,6 +165,23 @@ class Prompter:
                   encoding="utf-8") as f:
             json.dump({"seq": asked["seq"], "line": line}, f)
         os.replace(partial, path)      # the rank never reads half an answer
+
+
+def _reachable(folder: str, lab_directory: str) -> bool:
+    """Whether the kernel may write a rank's answer into ``folder``.
+
+    The lab's own directory, or (ranks attached on this machine, hosts that
+    share its disk) a folder here that only this user can open, as every
+    rank's is.
+    """
+    folder = os.path.realpath(folder)
+    if folder == os.path.realpath(lab_directory):
+        return True
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return False                   # on another host
+    return info.st_uid == os.getuid() and not info.st_mode & 0o077
 
 
 def _can_prompt() -> bool:

@@ -92,10 +92,9 @@ class Channel:
         seq = _next_seq()
         text = self._take()
         prompt = self.prompt if text.endswith(self.prompt) else ""
-        first, self.open = not self.open, True
+        self.open = True
         self._publish({REQUEST_KEY: {"seq": seq, "rank": self.rank, "text": text[:len(text) - len(prompt)],
-                                     "prompt": prompt or self.prompt, "answer": self._answer_path,
-                                     "first": first}})
+                                     "prompt": prompt or self.prompt, "answer": self._answer_path}})
         try:
             line = self._await(seq)
         except KeyboardInterrupt:
