@@ -231,6 +231,25 @@ def test_ddplab_debug_after_a_rank_error_shows_the_ranks_local_variable(k):
     assert ok(k, "%%ranks\nprint('usable', rank)") == "[rank 0]\nusable 0\n[rank 1]\nusable 1\n"
 
 
+def test_ddplab_debug_works_while_the_other_rank_is_stuck_waiting_for_the_failed_one(k):
+    seen = run(k, "%%ranks\nt = torch.ones(2) * (rank + 1)\nif rank == 1:\n    bad = t.sum().item()\n"
+                  "    raise RuntimeError('rank 1 fails')\ndist.all_reduce(t)\n")
+    assert "rank 0: still in all_reduce (cell line 5)" in seen.error, seen.error
+    seen = run(k, "%ddplab_debug", ["p bad", "c"])
+    assert not seen.error, seen.error
+    assert seen.prompts == ["(Pdb rank 1) "] * 2
+    assert "\n4.0\n" in seen.stdout, seen.stdout
+    assert seen.stdout.endswith("ddplab: the other ranks are still stuck waiting for the rank that "
+                                "failed. Recover with: lab.restart()\n"), seen.stdout
+
+
+def test_ddplab_debug_with_no_error_to_debug_says_what_to_do(k):
+    ok(k, "lab.restart()")                   # a fresh lab: nothing has raised
+    seen = run(k, "%ddplab_debug")
+    assert seen.error.startswith("ConfigError: ddplab: no rank has raised yet"), seen.error
+    assert "ddplab.breakpoint()" in seen.error
+
+
 def test_with_no_input_box_a_breakpoint_continues(k):
     # nbval and the grader send cells without allow_stdin: the notebook must run to its end.
     seen = run(k, "%%rank 1\nimport ddplab\nddplab.breakpoint()\nprint('went on')\n",

@@ -35,6 +35,9 @@ from .ranks import Loss, Ranks
 #: After one rank fails, how long the others get to finish before we conclude
 #: they are waiting for it (in a collective, or a recv) and report the failure.
 FAILURE_SETTLE = 1.0
+#: ``broken`` after a rank failed while others waited for it. The failed rank
+#: itself is idle, so a post-mortem on it (``lab.debug()``) still works.
+STUCK_AFTER_FAILURE = "ranks are stuck waiting for a rank that failed."
 
 
 @dataclass
@@ -87,10 +90,23 @@ class Calls:
             raise DdplabError(f"ddplab: {self.broken} Recover with: lab.restart()")
         self.check_alive()
 
+    def ensure_idle(self, rank: int) -> bool:
+        """Raise unless ``rank`` can take a call; True if only ranks waiting for it are stuck.
+
+        After a rank failed while others waited for it, the lab is broken but
+        the failed rank is idle: a post-mortem on it (``lab.debug()``) still works.
+        """
+        if self.broken == STUCK_AFTER_FAILURE and rank in self.failed and self.ranks.running:
+            self.check_alive()
+            return True
+        self.ensure_usable()
+        return False
+
     def forget(self) -> None:
-        """The ranks were replaced: nothing is pending and nothing is broken."""
+        """The ranks were replaced: nothing is pending, nothing is broken, no error to debug."""
         self.pending.clear()
         self.broken = ""
+        self.failed = []
 
     # ------------------------------------------------------------- waiting
     def await_join(self, tasks: list[Task], timeout: float) -> None:
@@ -278,7 +294,7 @@ class Calls:
         if loss is not None:
             raise self.died(loss)
         where = self._locate(still, 4)[0]
-        self.broken = "ranks are stuck waiting for a rank that failed."
+        self.broken = STUCK_AFTER_FAILURE
         error = rank_error(failures)
         lines = [str(error), "Meanwhile:"]
         lines += [f"  rank {rank}: still {where[rank]}, waiting for the failed rank"

@@ -248,6 +248,9 @@ def post_mortem(calls: Any, rank: int | None, timeout: float) -> None:
         if len(calls.failed) > 1:
             display.say(f"ddplab: ranks {', '.join(map(str, calls.failed))} raised; debugging "
                         f"rank {rank} (lab.debug(rank=N) for another).")
-    calls.ensure_usable()
+    stuck = calls.ensure_idle(rank)
     task = calls.call(rank, engine.call, on_rank.post_mortem, (), {})
     calls.finish([task], timeout, grace=None)
+    if stuck:
+        display.say("ddplab: the other ranks are still stuck waiting for the rank that failed. "
+                    "Recover with: lab.restart()")
