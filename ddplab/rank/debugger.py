@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import bdb
 import json
-import logging
 import os
 import pdb
 import sys
@@ -58,7 +57,6 @@ POLL = 0.05
 #: What ``q`` says; the kernel shows it as the rank's error.
 QUIT_MESSAGE = ("ddplab: rank {rank}: you quit the debugger (q), so the cell stopped there. "
                 "To look and then let the cell run on, use c (continue) instead.")
-log = logging.getLogger(__name__)
 _state: dict[str, Any] = {"debugger": None, "seq": 0, "traceback": None, "rank": None, "folder": None}
 
 
