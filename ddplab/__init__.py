@@ -13,6 +13,10 @@
     with lab.trace() as tr:              # who waited for whom: a timeline of every rank's
         lab.run(step)                    # torch.distributed calls (or %%ranks --trace)
 
+    ddplab.breakpoint(rank=1)            # in code on the ranks: pdb on rank 1, its prompt
+                                         # (Pdb rank 1) in the notebook (or %%rank 1 --pdb);
+    %ddplab_debug                        # after a RankError: post-mortem on the rank that raised
+
 See ``ddplab.lab`` for the lab's lifecycle and its failure modes.
 """
 
@@ -21,6 +25,7 @@ from .course.notebooks import hint, solution
 from .errors import ConfigError, DdplabError, EngineDiedError, HangError, RankError
 from .lab import Lab, attach, current, start
 from .lab.magics import load_ipython_extension
+from .rank.debugger import breakpoint
 from .show import Picture, show
 from .trace import Trace
 
@@ -34,6 +39,7 @@ __all__ = [
     "RankError",
     "Trace",
     "attach",
+    "breakpoint",
     "check",
     "current",
     "hint",

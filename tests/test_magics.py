@@ -83,6 +83,18 @@ def test_bad_magic_options_name_the_fix(shell, fresh_lab):
     assert "needs the ranks" in str(run(shell, "%%rank\n1"))
 
 
+def test_pdb_with_no_one_to_answer_continues_and_says_so(shell, fresh_lab, capsys):
+    # pytest's captured stdin refuses input(), as nbval's kernel refuses an input_request:
+    # the rank must not wait for an answer that never comes. (Prompts answered through a
+    # real kernel: tests/test_debugger.py.)
+    assert run(shell, "%%rank 1 --pdb\na = 41\nprint(a + 1)") is None
+    out = capsys.readouterr().out
+    assert "rank 1 stopped in the debugger, but this front end cannot answer a prompt" in out
+    assert out.endswith("[rank 1]\n42\n"), out
+    assert "takes at most one rank number" in str(run(shell, "%ddplab_debug one"))
+    assert "names rank 7" in str(run(shell, "%ddplab_debug 7"))
+
+
 def test_notebook_function_may_use_kernel_globals(shell, fresh_lab):
     # A student imports dist in the kernel and uses it in a lambda: it must work on the ranks.
     assert run(shell, "import torch.distributed as dist\nscale = 3\n"

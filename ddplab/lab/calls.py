@@ -29,12 +29,15 @@ from typing import Any, Callable
 from .. import progress
 from ..errors import DdplabError, EngineDiedError, HangError, RankError
 from ..text import plural
-from . import diagnose, display, flight, live
+from . import debugger, diagnose, display, flight, live
 from .ranks import Loss, Ranks
 
 #: After one rank fails, how long the others get to finish before we conclude
 #: they are waiting for it (in a collective, or a recv) and report the failure.
 FAILURE_SETTLE = 1.0
+#: ``broken`` after a rank failed while others waited for it. The failed rank
+#: itself is idle, so a post-mortem on it (``lab.debug()``) still works.
+STUCK_AFTER_FAILURE = "ranks are stuck waiting for a rank that failed."
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Calls:
         self.bare = bare               # ranks that join a group themselves (init_method=None)
         self.pending: list[Task] = []  # %%rank cells left running after their grace
         self.broken = ""               # why the lab needs a restart, if it does
+        self.failed: list[int] = []    # the ranks of the last RankError (``lab.debug`` looks there)
 
     # ------------------------------------------------------------- sending
     def submit(self, ranks: list[int], fn: Callable, *args: Any) -> list[Task]:
@@ -86,10 +90,23 @@ class Calls:
             raise DdplabError(f"ddplab: {self.broken} Recover with: lab.restart()")
         self.check_alive()
 
+    def ensure_idle(self, rank: int) -> bool:
+        """Raise unless ``rank`` can take a call; True if only ranks waiting for it are stuck.
+
+        After a rank failed while others waited for it, the lab is broken but
+        the failed rank is idle: a post-mortem on it (``lab.debug()``) still works.
+        """
+        if self.broken == STUCK_AFTER_FAILURE and rank in self.failed and self.ranks.running:
+            self.check_alive()
+            return True
+        self.ensure_usable()
+        return False
+
     def forget(self) -> None:
-        """The ranks were replaced: nothing is pending and nothing is broken."""
+        """The ranks were replaced: nothing is pending, nothing is broken, no error to debug."""
         self.pending.clear()
         self.broken = ""
+        self.failed = []
 
     # ------------------------------------------------------------- waiting
     def await_join(self, tasks: list[Task], timeout: float) -> None:
@@ -114,6 +131,8 @@ class Calls:
             raise self._hang_error(everything, timeout, "cell")
         still = [t for t in everything if t.outcome is None]
         failures = _failures(tasks)
+        if failures:
+            self.failed = sorted(failures)
         # Ranks still running beside a failure are about to be reported stuck.
         self._replay(everything, stuck=bool(failures and still))
         late = _failures(pending)
@@ -154,13 +173,20 @@ class Calls:
         failed_at = None
         board = progress.Board()                 # live bars, once a rank calls progress.report
         areas = live.Board()                     # live output, once a rank prints
+        prompts = debugger.Prompter(self.ranks.directory)   # a rank's pdb prompts, if any
+        mark = time.monotonic()
         try:
             while True:
                 for task in tasks:
                     if task.outcome is None and task.result.ready():
                         task.outcome = self._outcome(task)
                 board.update({t.rank: t.result for t in tasks})
-                areas.update(tasks)
+                areas.update(tasks, prompts.notes())
+                if prompts.serve(tasks, areas):
+                    # A rank is in the debugger: the user's time, not the cell's.
+                    deadline += time.monotonic() - mark
+                    failed_at = None if failed_at is None else failed_at + time.monotonic() - mark
+                mark = time.monotonic()
                 undone = [t for t in tasks if t.outcome is None]
                 if not undone:
                     return "done"
@@ -179,6 +205,7 @@ class Calls:
             raise
         finally:
             areas.close()                        # the final output is printed after this
+            self.broken = prompts.broken or self.broken
 
     def _outcome(self, task: Task) -> dict:
         """A finished task's outcome; a lost engine (which the ranks name) is recorded."""
@@ -267,7 +294,7 @@ class Calls:
         if loss is not None:
             raise self.died(loss)
         where = self._locate(still, 4)[0]
-        self.broken = "ranks are stuck waiting for a rank that failed."
+        self.broken = STUCK_AFTER_FAILURE
         error = rank_error(failures)
         lines = [str(error), "Meanwhile:"]
         lines += [f"  rank {rank}: still {where[rank]}, waiting for the failed rank"

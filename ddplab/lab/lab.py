@@ -261,17 +261,30 @@ class Lab:
         return [values[r] for r in self.ranks] if ranks is None else values
 
     def run_cell(self, source: str, ranks: Iterable[int] | None = None,
-                 timeout: float | None = None, grace: float | None = None) -> None:
+                 timeout: float | None = None, grace: float | None = None,
+                 pdb: bool = False) -> None:
         """Run notebook-cell source on ranks; what ``%%ranks`` and ``%%rank`` call.
 
         With ``grace``, return once that many seconds pass with ranks still
-        running, leaving them running (the two-prompt style).
+        running, leaving them running (the two-prompt style). ``pdb``: each
+        rank stops in the debugger at the cell's first line (``--pdb``).
         """
         chosen = self.check_ranks(ranks)
         timeout = self._timeout(timeout)
         grace = None if grace is None else check_timeout(grace, "grace", example=2)
         self.ensure_usable()
-        self._calls.finish(self._calls.submit(chosen, engine.run_cell, source), timeout, grace)
+        tasks = self._calls.submit(chosen, engine.run_cell, source, pdb)
+        self._calls.finish(tasks, timeout, grace)
+
+    def debug(self, rank: int | None = None, timeout: float | None = None) -> None:
+        """Post-mortem pdb on the rank that raised the last ``RankError``, like IPython's ``%debug``.
+
+        Its prompt, ``(Pdb rank 1)``, opens in the notebook, in that rank's frames
+        where the error was raised: ``p x``, ``u``, ``d``, ``l``; ``c`` or ``q`` leave.
+        ``rank`` picks another rank that failed. ``%ddplab_debug`` calls this.
+        """
+        from . import debugger
+        debugger.post_mortem(self._calls, rank, self._timeout(timeout))
 
     def trace(self, ranks: Iterable[int] | None = None, align: str = "auto") -> Any:
         """Record what the ranks' torch.distributed calls do: ``with lab.trace() as tr:``.

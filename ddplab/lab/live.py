@@ -73,16 +73,21 @@ class Board:
         self._ids: list[str] = []
         self._shown: list[str] = []
 
-    def update(self, tasks: list[Any]) -> None:
-        """Show each task's rank, status and screen; tasks in rank order."""
+    def update(self, tasks: list[Any], notes: dict[int, str] | None = None) -> None:
+        """Show each task's rank, status and screen; tasks in rank order.
+
+        ``notes``: a status the kernel knows better than the rank, by rank
+        (``in the debugger``, from ``ddplab.lab.debugger``).
+        """
         if not self.enabled:
             return
+        notes = notes or {}
         try:
             ordered = sorted(tasks, key=lambda t: t.rank)
             screens = [screen(t.result) for t in ordered]
-            statuses = [status(t) for t in ordered]
+            statuses = [notes.get(t.rank) or status(t) for t in ordered]
             if not self._ids:
-                worth = any(screens) or any(s.startswith("blocked") for s in statuses)
+                worth = any(screens) or bool(notes) or any(s.startswith("blocked") for s in statuses)
                 if not worth or time.monotonic() - self._begin < OPEN_AFTER:
                     return
                 self._open(len(ordered))

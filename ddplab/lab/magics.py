@@ -7,6 +7,11 @@ They load with ``ddplab.start(...)`` or ``%load_ext ddplab``. Options::
     %%ranks --trace               # draw the cell's torch.distributed calls as a timeline
     %%ranks --trace tr            # ... and keep it in the variable tr (a ddplab.Trace)
                                   # (with %%rank, --trace waits for the cell's end: no grace)
+    %%rank 1 --pdb                # stop rank 1 in pdb at the cell's first line; its prompt,
+                                  # (Pdb rank 1), opens in the notebook (no grace either)
+
+and a line magic, ``%ddplab_debug [RANK]``: post-mortem pdb on the rank that
+raised the last ``RankError`` (``lab.debug()``), like IPython's ``%debug``.
 
 Output is grouped by rank, in rank order, under ``[rank N]`` labels, and an
 error on any rank fails the cell (so nbval and graders see it).
@@ -17,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from ..errors import ConfigError
 from .current_lab import current
@@ -34,7 +39,9 @@ def _parse(line: str, magic: str) -> tuple[list[int], dict]:
                           f"%%{magic}{' 0' if magic == 'rank' else ''} --timeout 10.") from None
     while words:
         word = words.pop(0)
-        if word == "--trace":
+        if word == "--pdb":
+            options["pdb"] = True
+        elif word == "--trace":
             options["trace"] = True
             if words and words[0].isidentifier():
                 options["trace_name"] = words.pop(0)
@@ -58,7 +65,7 @@ def _parse(line: str, magic: str) -> tuple[list[int], dict]:
             raise ConfigError(
                 f"ddplab: %%{magic} does not understand {word!r}. "
                 f"Use %%{magic}{' 0 1' if magic == 'rank' else ''} [--timeout SECONDS]"
-                f"{' [--grace SECONDS]' if magic == 'rank' else ''} [--trace [NAME]].")
+                f"{' [--grace SECONDS]' if magic == 'rank' else ''} [--trace [NAME]] [--pdb].")
     return ranks, options
 
 
@@ -75,7 +82,7 @@ class RankMagics(Magics):
                               f"use %%rank {' '.join(map(str, ranks))} to pick ranks.")
         lab = current()
         with _traced(lab, options, None, self.shell):
-            lab.run_cell(cell, timeout=options.get("timeout"))
+            lab.run_cell(cell, timeout=options.get("timeout"), pdb=options.get("pdb", False))
 
     @cell_magic
     def rank(self, line: str, cell: str) -> None:
@@ -86,9 +93,25 @@ class RankMagics(Magics):
             raise ConfigError("ddplab: %%rank needs the ranks to run on, e.g. %%rank 0 "
                               "(or %%ranks for all of them).")
         lab.check_ranks(ranks, spelled=f"%%rank {' '.join(map(str, ranks))}")
-        grace = None if options.get("trace") else options.get("grace", lab.spec.grace)
+        # A trace or a debugger session lasts until the cell ends: no grace.
+        waits = options.get("trace") or options.get("pdb")
+        grace = None if waits else options.get("grace", lab.spec.grace)
         with _traced(lab, options, ranks, self.shell):
-            lab.run_cell(cell, ranks=ranks, timeout=options.get("timeout"), grace=grace)
+            lab.run_cell(cell, ranks=ranks, timeout=options.get("timeout"), grace=grace,
+                         pdb=options.get("pdb", False))
+
+    @line_magic
+    def ddplab_debug(self, line: str) -> None:
+        """Post-mortem pdb on the rank of the last ``RankError`` (or ``%ddplab_debug 1``)."""
+        words = line.split()
+        if len(words) > 1 or (words and not words[0].isdigit()):
+            raise ConfigError(f"ddplab: %ddplab_debug takes at most one rank number, but got "
+                              f"{line.strip()!r}. Use %ddplab_debug, or %ddplab_debug 1.")
+        lab = current()
+        rank = int(words[0]) if words else None
+        if rank is not None:
+            lab.check_ranks([rank], spelled=f"%ddplab_debug {rank}")
+        lab.debug(rank)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from . import flight, output
+from . import debugger, flight, output
 from .where import CELL_FILENAME  # "<rank cell 3>": ``where`` owns the spelling
 
 _SITE_PACKAGES = re.compile(r'[^"\s]*?site-packages/')
@@ -120,6 +120,7 @@ def stay_bare(stack_file: str, kernel_path: list[str], names: dict[str, Any]) ->
     for name in TORCHRUN_VARIABLES:
         os.environ.pop(name, None)
     _watch_stack(stack_file, kernel_path)
+    debugger.settle(names["rank"], os.path.dirname(stack_file))
     namespace().update(names)
     return os.getpid()
 
@@ -150,6 +151,7 @@ def join_group(rank: int, world_size: int, env: dict[str, str], backend: str,
     """
     os.environ.update(env)
     _watch_stack(stack_file, kernel_path)
+    debugger.settle(rank, os.path.dirname(stack_file))
     import torch
     import torch.distributed as dist
     if backend == "nccl":
@@ -228,11 +230,12 @@ def _quiet(code: str) -> bool:
         return code.rstrip().endswith(";")
 
 
-def run_cell(source: str) -> dict:
+def run_cell(source: str, pdb: bool = False) -> dict:
     """Run notebook cell source in this rank's namespace, like a Python prompt.
 
     IPython syntax (``%time``, ``!ls``) works; the last expression's value is
-    displayed. Returns ``{"ok", "events", "error"}``.
+    displayed. ``pdb``: stop in the debugger at the cell's first line
+    (``%%rank N --pdb``; see ``debugger``). Returns ``{"ok", "events", "error"}``.
     """
     _state["cells"] += 1
     filename = CELL_FILENAME.format(n=_state["cells"])
@@ -247,14 +250,27 @@ def run_cell(source: str) -> dict:
             tree = ast.parse(code, filename)
             last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
             ns = namespace()
+            if pdb:
+                debugger.trace_cell()
             exec(compile(tree, filename, "exec"), ns)
             if last is not None:
                 value = eval(compile(ast.Expression(last.value), filename, "eval"), ns)
                 if not _quiet(code):         # a trailing ";" hides the value, as in IPython
                     _display_value(value)
         except BaseException as exc:  # KeyboardInterrupt too: it is the rank's outcome
-            error = _format_error(exc, _is_user_file)
+            error = _failed(exc, _is_user_file)
+        finally:
+            debugger.end()                   # no prompt outlives its cell
     return {"ok": error is None, "events": recorder.events, "error": error}
+
+
+def _failed(exc: BaseException, keep: Callable[[str], bool]) -> str:
+    """The error text of a call that raised; its traceback is kept for a post-mortem."""
+    quit = debugger.quit_error(exc)
+    if quit is not None:
+        return quit                          # q in the debugger: no traceback to show
+    debugger.keep(exc, keep)
+    return _format_error(exc, keep)
 
 
 def call(fn: Callable, args: tuple, kwargs: dict) -> dict:
@@ -265,7 +281,9 @@ def call(fn: Callable, args: tuple, kwargs: dict) -> dict:
         try:
             value = fn(*args, **kwargs)
         except BaseException as exc:
-            error = _format_error(exc, _is_user_code) + _name_hint(exc)
+            error = _failed(exc, _is_user_code) + _name_hint(exc)
+        finally:
+            debugger.end()
     if error is None:
         # Checked here, where the rank is known: ipyparallel's own failure to send
         # the value back names an engine id and a bare TypeError.

@@ -1,0 +1,309 @@
+"""pdb on a rank through a real Jupyter kernel: its prompts answered as a front end would.
+
+A kernel is started with jupyter_client, a lab in it; cells run with
+``allow_stdin=True`` and each ``input_request`` (the input box JupyterLab would
+show) is answered on the stdin channel, while the iopub messages are read:
+the pdb text the kernel prints, and the live status of the other ranks.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+pytestmark = pytest.mark.slow       # a kernel and a lab of its own: seconds per test
+
+
+@dataclass
+class Run:
+    """What a front end saw of one cell."""
+    prompts: list[str] = field(default_factory=list)    # each input_request's prompt
+    stdout: str = ""
+    error: str = ""                                      # the error's name and value, if any
+    statuses: list[str] = field(default_factory=list)   # live areas' texts, in order
+
+
+def run(client, code: str, answers=(), limit: float = 60, before_answer=None,
+        allow_stdin: bool = True) -> Run:
+    """Run ``code``; answer the prompts with ``answers`` in order; return what came back.
+
+    ``before_answer(run)``: called at each prompt, before it is answered; it may
+    read more iopub messages through ``run`` (see ``wait_for_status``).
+    """
+    answers = list(answers)
+    msg_id = client.execute(code, allow_stdin=allow_stdin)
+    seen = Run()
+    deadline = time.monotonic() + limit
+
+    def take(msg) -> bool:
+        """Note one iopub message; True at the cell's end."""
+        if msg["parent_header"].get("msg_id") != msg_id:
+            return False
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream" and content["name"] == "stdout":
+            seen.stdout += content["text"]
+        elif kind in ("display_data", "update_display_data"):
+            text = content["data"].get("text/plain", "")
+            if text:
+                seen.statuses.append(text)
+        elif kind == "error":
+            seen.error = f"{content['ename']}: {content['evalue']}"
+        return kind == "status" and content["execution_state"] == "idle"
+
+    seen.take = take                                    # for before_answer
+    while time.monotonic() < deadline:
+        try:
+            request = client.get_stdin_msg(timeout=0.05)
+        except queue.Empty:
+            request = None
+        if request is not None:
+            seen.prompts.append(request["content"]["prompt"])
+            if before_answer is not None:
+                before_answer(seen, client)
+            assert answers, f"an unexpected prompt {seen.prompts[-1]!r}; output so far:\n{seen.stdout}"
+            client.input(answers.pop(0))
+        try:
+            while True:
+                if take(client.get_iopub_msg(timeout=0.05)):
+                    assert not answers, (f"prompts left unanswered: {answers}; got {seen.error}:\n"
+                                        f"{seen.stdout}")
+                    return seen
+        except queue.Empty:
+            pass
+    raise AssertionError(f"the cell did not end in {limit} s; prompts {seen.prompts}, "
+                         f"output:\n{seen.stdout}")
+
+
+def wait_for_status(*patterns: str, limit: float = 15):
+    """A ``before_answer`` that reads iopub until live areas match each of ``patterns``."""
+    pattern = "; ".join(patterns)
+
+    def wait(seen: Run, client) -> None:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            if all(any(re.search(p, s) for s in seen.statuses) for p in patterns):
+                return
+            try:
+                seen.take(client.get_iopub_msg(timeout=0.1))
+            except queue.Empty:
+                pass
+        raise AssertionError(f"no live status matched {pattern!r} while the prompt waited: "
+                             f"{seen.statuses}")
+    return wait
+
+
+def ok(client, code: str) -> str:
+    seen = run(client, code)
+    assert not seen.error, seen.error
+    return seen.stdout
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    manager, client = start_new_kernel(kernel_name="python3", startup_timeout=120)
+    try:
+        ok(client, f"import sys; assert sys.executable == {sys.executable!r}")
+        ok(client, "import ddplab\nlab = ddplab.start(world_size=2, backend='gloo', timeout=30)")
+        client.interrupt = manager.interrupt_kernel    # Kernel > Interrupt, for one test
+        yield client
+        run(client, "lab.stop()")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def k(kernel):
+    """The kernel, its lab usable (an earlier test may have left it to restart)."""
+    ok(kernel, "if not lab.healthy: lab.restart()")
+    return kernel
+
+
+# Rank 1 stops before line 4; rank 0 goes on to the barrier (cell line 6) and waits there.
+STOP_RANK_1 = """%%ranks
+import ddplab
+x = rank * 10 + 1
+ddplab.breakpoint(rank=1)
+y = x + 1
+z = y * 2
+dist.barrier()
+print('z =', z)
+"""
+
+
+def test_stop_rank_1_print_step_list_continue_while_rank_0_waits(k):
+    seen = run(k, STOP_RANK_1, ["p x", "n", "p y", "l", "c"],
+               before_answer=wait_for_status(r"^\[rank 0\] \(blocked in barrier, cell line 6\)",
+                                             r"^\[rank 1\] \(in the debugger\)"))
+    assert not seen.error, seen.error
+    assert seen.prompts == ["(Pdb rank 1) "] * 5
+    # Where it stopped, then each answer, in the order typed.
+    assert "-> y = x + 1" in seen.stdout
+    assert "\n11\n" in seen.stdout                  # p x, on rank 1
+    assert "-> z = y * 2" in seen.stdout             # n
+    assert "\n12\n" in seen.stdout                   # p y
+    assert "  6  \tdist.barrier()" in seen.stdout   # l lists the cell around the line
+    # (Rank 1 shown in the debugger and rank 0 waiting for it in the barrier, while the
+    # first prompt waited: wait_for_status failed the test otherwise.)
+    # c: the cell finished normally, with the right values on both ranks.
+    assert seen.stdout.endswith("[rank 0]\nz = 4\n[rank 1]\nz = 24\n"), seen.stdout
+
+
+def test_q_ends_the_cell_with_a_clear_message_and_the_next_cell_works(k):
+    seen = run(k, "%%rank 1 --pdb\na = 5\nb = a + 1\nprint('not reached')\n", ["n", "p a", "q"])
+    assert seen.prompts == ["(Pdb rank 1) "] * 3
+    assert "-> a = 5" in seen.stdout and "-> b = a + 1" in seen.stdout and "\n5\n" in seen.stdout
+    assert seen.error.startswith("RankError"), seen.error
+    assert "rank 1: you quit the debugger (q), so the cell stopped there" in seen.error
+    assert "use c (continue)" in seen.error
+    assert "not reached" not in seen.stdout
+    assert ok(k, "%%ranks\nprint(rank * 3)") == "[rank 0]\n0\n[rank 1]\n3\n"
+
+
+def test_q_while_another_rank_waits_in_a_collective_names_the_recovery(k):
+    # pytorch#154563: the other rank is stranded in the barrier. ddplab says where it is
+    # and the one call that frees it, and that call works.
+    seen = run(k, "%%ranks\nimport ddplab\nddplab.breakpoint(rank=1)\nx = 1\ndist.barrier()\n", ["q"])
+    assert "you quit the debugger (q)" in seen.error, seen.error
+    assert "rank 0: still in barrier (cell line 4), waiting for the failed rank" in seen.error
+    assert seen.error.endswith("Recover with: lab.restart()"), seen.error
+    assert ok(k, "lab.restart()\nprint(lab.healthy)") == "True\n"
+    assert ok(k, "%%ranks\ndist.barrier()\nprint(rank)") == "[rank 0]\n0\n[rank 1]\n1\n"
+
+
+def test_two_ranks_at_breakpoints_are_served_one_at_a_time(k):
+    seen = run(k, "%%ranks\nimport ddplab\nv = rank + 100\nddplab.breakpoint()\nw = v\nprint(w)\n",
+               ["p v", "c", "p v", "c"])
+    assert not seen.error, seen.error
+    # Whichever rank got there first, its session ran to its c before the other's began.
+    assert seen.prompts in (["(Pdb rank 0) "] * 2 + ["(Pdb rank 1) "] * 2,
+                            ["(Pdb rank 1) "] * 2 + ["(Pdb rank 0) "] * 2), seen.prompts
+    first, second = seen.prompts[0][len("(Pdb rank ")], seen.prompts[2][len("(Pdb rank ")]
+    said = [line for line in seen.stdout.splitlines() if "stopped in the debugger" in line]
+    assert [line.split()[2] for line in said] == [first, second], said
+    # Each p v answered from its own rank: 100 on rank 0, 101 on rank 1, in serving order.
+    values = [line for line in seen.stdout.splitlines() if line in ("100", "101")]
+    assert values[:2] == [f"10{first}", f"10{second}"], seen.stdout
+    assert seen.stdout.endswith("[rank 0]\n100\n[rank 1]\n101\n"), seen.stdout
+
+
+
+def test_n_into_a_barrier_moves_on_to_the_rank_it_waits_for(k):
+    # PR#118645's trap: n over a barrier on the first rank blocks it until the other,
+    # at its own prompt, gets there. The kernel moves on to that rank instead of waiting.
+    seen = run(k, "%%ranks\nimport ddplab\nddplab.breakpoint()\ndist.barrier()\nprint('past', rank)\n",
+               ["n", "n", "c", "c"])
+    assert not seen.error, seen.error
+    a, b = seen.prompts[0], seen.prompts[1]
+    assert a != b and seen.prompts == [a, b, b, a], seen.prompts
+    first = a[len("(Pdb rank ")]
+    assert f"ddplab: rank {first} is blocked in barrier, cell line 3, waiting for the other ranks" \
+        in seen.stdout, seen.stdout
+    assert seen.stdout.endswith("[rank 0]\npast 0\n[rank 1]\npast 1\n"), seen.stdout
+
+
+FAILING = """%%ranks
+def scale(n):
+    secret = n * 7
+    if rank == 1:
+        raise ValueError('boom')
+    return secret
+scale(rank + 1)
+"""
+
+
+def test_ddplab_debug_after_a_rank_error_shows_the_ranks_local_variable(k):
+    seen = run(k, FAILING)
+    assert seen.error.startswith("RankError") and "ValueError: boom" in seen.error
+    seen = run(k, "%ddplab_debug", ["p secret", "p n", "u", "p rank", "c"])
+    assert not seen.error, seen.error
+    assert seen.prompts == ["(Pdb rank 1) "] * 5
+    assert "ValueError: boom\n> <rank cell" in seen.stdout
+    assert "(4)scale()\n-> raise ValueError('boom')" in seen.stdout
+    assert "\n14\n2\n" in seen.stdout.replace("\n> ", "\n")    # secret and n on rank 1
+    assert "(6)<module>()\n-> scale(rank + 1)" in seen.stdout   # u: the cell's frame
+    assert ok(k, "%%ranks\nprint('usable', rank)") == "[rank 0]\nusable 0\n[rank 1]\nusable 1\n"
+
+
+def test_ddplab_debug_works_while_the_other_rank_is_stuck_waiting_for_the_failed_one(k):
+    seen = run(k, "%%ranks\nt = torch.ones(2) * (rank + 1)\nif rank == 1:\n    bad = t.sum().item()\n"
+                  "    raise RuntimeError('rank 1 fails')\ndist.all_reduce(t)\n")
+    assert "rank 0: still in all_reduce (cell line 5)" in seen.error, seen.error
+    seen = run(k, "%ddplab_debug", ["p bad", "c"])
+    assert not seen.error, seen.error
+    assert seen.prompts == ["(Pdb rank 1) "] * 2
+    assert "\n4.0\n" in seen.stdout, seen.stdout
+    assert seen.stdout.endswith("ddplab: the other ranks are still stuck waiting for the rank that "
+                                "failed. Recover with: lab.restart()\n"), seen.stdout
+
+
+def test_ddplab_debug_with_no_error_to_debug_says_what_to_do(k):
+    ok(k, "lab.restart()")                   # a fresh lab: nothing has raised
+    seen = run(k, "%ddplab_debug")
+    assert seen.error.startswith("ConfigError: ddplab: no rank has raised yet"), seen.error
+    assert "ddplab.breakpoint()" in seen.error
+
+
+def test_with_no_input_box_a_breakpoint_continues(k):
+    # nbval and the grader send cells without allow_stdin: the notebook must run to its end.
+    seen = run(k, "%%rank 1\nimport ddplab\nddplab.breakpoint()\nprint('went on')\n",
+               allow_stdin=False)
+    assert not seen.error and not seen.prompts, seen
+    assert seen.stdout == ("ddplab: rank 1 stopped in the debugger, but this front end cannot "
+                           "answer a prompt (no stdin, as under nbval or a grader): it continues "
+                           "(c).\n[rank 1]\nwent on\n")
+
+
+STEP_IN = """%%rank 1 --timeout 1 --pdb
+def double(q):
+    r = q * 2
+    return r
+y = double(21)
+print(y)
+"""
+
+
+def test_s_steps_into_the_cells_function_and_the_timeout_waits_for_the_user(k):
+    def think(seen: Run, client) -> None:
+        """The user thinks at the first prompt for longer than the cell's timeout."""
+        if len(seen.prompts) == 1:
+            deadline = time.monotonic() + 2.5
+            while time.monotonic() < deadline:
+                try:
+                    seen.take(client.get_iopub_msg(timeout=0.1))
+                except queue.Empty:
+                    pass
+
+    seen = run(k, STEP_IN, ["n", "s", "n", "p q", "n", "p r", "c"], before_answer=think)
+    assert not seen.error, seen.error                # no HangError after timeout=1
+    assert "-> y = double(21)" in seen.stdout
+    assert "--Call--\n> <rank cell" in seen.stdout and "(1)double()" in seen.stdout   # s
+    assert "(2)double()\n-> r = q * 2" in seen.stdout
+    assert "\n21\n" in seen.stdout and "\n42\n" in seen.stdout                        # p q, p r
+    assert seen.stdout.endswith("[rank 1]\n42\n"), seen.stdout
+
+
+def test_kernel_interrupt_at_a_prompt_ends_the_cell_and_the_lab_stays_usable(k):
+    msg_id = k.execute("%%ranks\nimport ddplab\nddplab.breakpoint(rank=1)\nx = 1\n", allow_stdin=True)
+    assert k.get_stdin_msg(timeout=30)["content"]["prompt"] == "(Pdb rank 1) "
+    k.interrupt()                                     # instead of answering
+    stdout, error = "", ""
+    while True:
+        msg = k.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            stdout += msg["content"]["text"]
+        elif msg["msg_type"] == "error":
+            error = msg["content"]["ename"]
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    assert error == "KeyboardInterrupt", (error, stdout)
+    assert "ddplab: interrupted; the ranks stopped and the lab is usable." in stdout, stdout
+    assert ok(k, "%%ranks\nprint(rank)") == "[rank 0]\n0\n[rank 1]\n1\n"
