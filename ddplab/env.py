@@ -72,6 +72,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+#: Memory a local lab needs besides its ranks: the engine template's image of
+#: torch (about 190 MB resident, most of it shared with every rank forked from
+#: it) and the controller's six processes (about 50 MB), with some room.
+LAB_MEMORY_BYTES = 256 * 2**20
+#: Memory one rank needs until a rank of this kernel was measured: a forked rank
+#: holds about 37 MB of its own (USS, torch 2.13 CPU, gloo, after an
+#: all_reduce); twice that leaves room for a lesson's tensors and models.
+RANK_MEMORY_BYTES = 64 * 2**20
+#: A measured rank's own memory is multiplied by this for the estimate (room to work).
+RANK_HEADROOM = 2
+#: Past this many ranks per core they mostly wait for a core, and cells slow down.
+RANKS_PER_CORE = 4
+_measured_rank_bytes = 0
+
+
 def note_rank_memory(pids: list[int]) -> None:
     """Measure what ranks just started cost of their own (the largest USS), for ``rank_memory``."""
     global _measured_rank_bytes
