@@ -75,6 +75,29 @@ def alive(pid: int) -> bool:
         return False
 
 
+def listening_addresses(pid: int) -> list[tuple[str, int]]:
+    """Every TCP (ip, port) listening in the network namespace of process ``pid``.
+
+    Read from ``/proc/PID/net/tcp``, which shows that process's network, not
+    ours: how a test sees into a lab's private network (ddplab.rank.netns).
+    """
+    import ipaddress
+    found = []
+    for table, width in (("tcp", 4), ("tcp6", 16)):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            next(f)                                   # the header
+            for line in f:
+                local, state = line.split()[1], line.split()[3]
+                if state != "0A":                     # TCP_LISTEN
+                    continue
+                hex_ip, hex_port = local.split(":")
+                raw = bytes.fromhex(hex_ip)
+                # The kernel prints the address as 32-bit words in host (little-endian) order.
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, width, 4))
+                found.append((str(ipaddress.ip_address(raw)), int(hex_port, 16)))
+    return found
+
+
 def fails(checker, *needles: str) -> str:
     """Run a checker that must reject the answer; return its message after checking key words."""
     with pytest.raises(AssertionError) as info:

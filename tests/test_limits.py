@@ -122,3 +122,30 @@ def test_a_lab_larger_than_the_users_cgroup_is_refused_at_once_naming_the_limit(
         assert took < 0.5 * 60, f"refused after {took:.1f} s"
     finally:
         group.rmdir()
+
+
+def test_grade_jobs_follow_the_affinity():
+    """`ddplab grade`'s default --jobs counts the CPUs the grader may use, not the host's."""
+    code = ("import os; os.sched_setaffinity(0, {0}); "
+            "from ddplab.course.grade import default_jobs; print(default_jobs(available=2**50))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "4"                  # four per core, one core
+
+
+@pytest.mark.slow
+def test_grade_jobs_follow_the_users_cgroup_memory():
+    """In a 5 GB cgroup `ddplab grade` runs two submissions at once (2 GB each), whatever the host has."""
+    group = _memory_cgroup()
+    if group is None:
+        pytest.skip("no writable memory cgroup here (needs root)")
+    try:
+        v1 = (group / "memory.limit_in_bytes").exists()
+        (group / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(5 * 2**30))
+        code = "from ddplab.course.grade import default_jobs; print(default_jobs(cores=64))"
+        result = subprocess.run(
+            ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$0" -c "$1"', sys.executable,
+             code], capture_output=True, text=True, timeout=120)
+        assert result.stdout.strip() == "2", result.stdout + result.stderr[-2000:]
+    finally:
+        group.rmdir()

@@ -8,7 +8,6 @@ import _thread
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from conftest import alive
+from conftest import alive, listening_addresses
 
 import ddplab
 from ddplab import procs
@@ -251,42 +250,40 @@ def test_two_labs_started_at_the_same_moment_never_clash(tmp_path):
             proc.wait()
 
 
-def test_the_controller_listens_only_on_ports_the_lab_holds_until_it_stops():
-    """What keeps two labs from clashing: no port of the controller was free for the taking."""
+def test_the_controller_listens_on_unix_sockets_in_the_lab_directory_only():
+    """No TCP port to collide on or to reach: the controller's channels are files in the 0700 directory."""
     from ddplab.lab import Lab, LabSpec
     lab = Lab(LabSpec(world_size=2, backend="gloo", timeout=60, grace=2.0, pg_timeout=1800,
                       debug=False), gpus=0).start()
     try:
-        held = set(lab.engines.held_ports)
         controller = psutil.Process(lab.controller_pid)
         tree = {controller.pid, *(p.pid for p in controller.children(recursive=True))}
-        listening = {c.laddr.port for c in psutil.net_connections("inet")
-                     if c.status == psutil.CONN_LISTEN and c.pid in tree}
-        assert len(listening) >= 10, "expected the controller and its schedulers to listen"
-        assert listening <= held, f"picked by the controller itself: {sorted(listening - held)}"
-        intruder = socket.socket()
-        with pytest.raises(OSError):                  # nobody else can take a held port
-            intruder.bind(("127.0.0.1", min(held - listening)))
-        intruder.close()
+        listening = [c for c in psutil.net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN and c.pid in tree]
+        assert listening == [], f"the controller listens on TCP: {listening}"
+        sockets = [c.laddr for c in psutil.net_connections("unix")
+                   if c.pid in tree and c.laddr.startswith(lab.directory + os.sep)]
+        assert len(sockets) >= 10, f"expected the controller's channels in {lab.directory}"
+        assert os.stat(lab.directory).st_mode & 0o777 == 0o700
     finally:
         lab.stop()
-    assert lab.engines.held_ports == []
-    # Given back: bindable again. (Ports the controller used may sit in
-    # TIME_WAIT for a minute, as after any server, so try the spare ones.)
-    for port in held - listening:
-        with socket.socket() as again:
-            again.bind(("127.0.0.1", port))
+    assert not os.path.exists(lab.directory)
 
 
 # 7. Security -----------------------------------------------------------------
 
 def test_everything_listens_on_loopback_only(fresh_lab):
+    """What the ranks open (gloo, a TCPStore) is on 127.0.0.1 of their own network, and
+    nothing of the lab's listens on this machine's network at all (tests/test_isolation.py
+    connects to them as another user)."""
     fresh_lab.run(lambda: __import__("torch.distributed").distributed.barrier())
     tree = {p.pid for p in psutil.Process().children(recursive=True)}
     listening = [c for c in psutil.net_connections("inet")
                  if c.status == psutil.CONN_LISTEN and c.pid in tree]
-    assert listening, "expected the controller and rank 0's store to listen"
-    assert {c.laddr.ip for c in listening} == {"127.0.0.1"}
+    assert listening == [], f"reachable on this machine's network: {listening}"
+    in_their_network = listening_addresses(fresh_lab.engines.pids[0])
+    assert in_their_network, "expected gloo's sockets to listen in the ranks' network"
+    assert {ip for ip, _ in in_their_network} == {"127.0.0.1"}
 
 
 def test_connection_files_are_owner_only_and_messages_signed(fresh_lab):

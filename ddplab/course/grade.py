@@ -58,7 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import procs
+from .. import limits, procs
 from . import grade_plan, outputs, sandbox
 from .grade_plan import GradeError, Mark, check_reference, load_submission, plan
 from .grade_run import Step, execute, sanitize_patterns
@@ -136,10 +136,12 @@ def default_jobs(available: int | None = None, cores: int | None = None) -> int:
     the class): 123 s with 4 at once, 105 s with 8; the CPU it needs in all,
     about 166 s, puts the floor near 85 s.
     """
+    # The grader's share, not the host's: on a class server or in a Slurm job its
+    # cgroup and CPU affinity bound it (ddplab.limits), and a worker past them is
+    # killed, not slowed.
     if available is None:
-        import psutil
-        available = psutil.virtual_memory().available
-    cores = cores or os.cpu_count() or 1
+        available = limits.memory().available
+    cores = cores or limits.cpus()
     return max(1, min(4 * cores, available // SUBMISSION_MEMORY_BYTES))
 
 

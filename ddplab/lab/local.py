@@ -1,10 +1,13 @@
 """``LocalRanks``: a lab's ranks as engines on this machine (the ``Ranks`` interface).
 
-One ipyparallel controller and one engine per rank, all on 127.0.0.1, the
-engines forked from the kernel's warm template (``ddplab.lab.template``). The
-lab's files live in a fresh owner-only directory (``directory``): ipyparallel's
-connection files with their signing key, the rendezvous store, each rank's
-stack file. Because every process is ours and local, this implementation can
+One ipyparallel controller and one engine per rank, the engines forked from
+the kernel's warm template (``ddplab.lab.template``). The lab's files live in a
+fresh owner-only directory (``directory``): the controller's Unix sockets,
+ipyparallel's connection files with their signing key, the rendezvous store,
+each rank's stack file. The engines live in the template's network of its own
+(``ddplab.rank.netns``), so their gloo sockets on 127.0.0.1 are out of every
+other user's reach; where the machine forbids that, ``describe()`` says what
+is exposed. Because every process is ours and local, this implementation can
 do what a multi-host one cannot: signal a rank (SIGINT for Kernel > Interrupt,
 SIGUSR1 to read its stack), see at once that an engine died and how (the
 template reports its exit status), and replace the engines while keeping the
@@ -22,7 +25,7 @@ import time
 from typing import Any, Callable
 
 from .. import procs
-from ..env import choose_backend, free_port, hold_ports, note_rank_memory, omp_threads, worker_env
+from ..env import choose_backend, free_port, note_rank_memory, omp_threads, worker_env
 from ..errors import EngineDiedError
 from ..rank import engine
 from ..text import plural
@@ -33,12 +36,6 @@ log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 _GUARD = [sys.executable, "-m", "ddplab.rank.guard"]
-# The ports of ipyparallel's controller: 18 with its default schedulers (engines'
-# and clients' channels, those between schedulers, the monitor), and room to
-# spare; tests/test_reliability.py checks that it listens on no other.
-# ddplab holds them while the lab runs (env.hold_ports) instead of letting the
-# controller pick free ports that another lab starting this moment could take.
-_CONTROLLER_PORTS = 24
 
 
 def private_file(directory: str, name: str) -> str:
@@ -51,6 +48,18 @@ def private_file(directory: str, name: str) -> str:
     path = os.path.join(directory, name)
     os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     return path
+
+
+def _unix_socket_args(directory: str) -> list[str]:
+    """The controller's arguments for Unix sockets ``directory/c:1`` ... instead of TCP ports.
+
+    With the ipc transport a "port" only names a socket file, so a fixed list
+    of small numbers does (18 with ipyparallel's default schedulers, and room
+    to spare): nothing to find free, nothing another lab could take.
+    """
+    names = ",".join(str(number) for number in range(1, 25))
+    return ["--IPController.transport=ipc", f"--IPController.ip={directory}/c",
+            f"--IPController.ports={names}"]
 
 
 def _local_process(launcher: Any) -> Any:
@@ -73,7 +82,8 @@ class LocalRanks:
         self.engine_set: EngineSet | None = None
         self._pids: list[int] = []    # index: torch rank
         self._handles: list = []      # psutil handles, index: torch rank
-        self._port_holds: list = []   # sockets keeping the controller's ports ours
+        #: Why the ranks share this machine's network ("" when they have their own).
+        self.network_shared_because = ""
         self._groups = 0              # process groups formed: names each store and init file
 
     # ------------------------------------------------------------- state
@@ -86,11 +96,6 @@ class LocalRanks:
         return list(self._pids)
 
     @property
-    def held_ports(self) -> list[int]:
-        """The ports held for the controller (bound, never listening) while the lab runs."""
-        return [hold.getsockname()[1] for hold in self._port_holds]
-
-    @property
     def controller_pid(self) -> int | None:
         controller = self._cluster.controller if self._cluster is not None else None
         return None if controller is None else controller.pid
@@ -101,7 +106,15 @@ class LocalRanks:
                  "ranks": list(range(self.world_size))}]
 
     def describe(self) -> str:
-        return f"{self.world_size} ranks ready, backend {self.backend_reason}."
+        ready = f"{self.world_size} ranks ready, backend {self.backend_reason}."
+        if not self.network_shared_because:
+            return ready
+        # The one line a student on a shared machine needs to see (issue: labs no
+        # other user can reach); silent where the lab has a network of its own.
+        return (f"{ready}\nddplab: the ranks share this machine's network, because "
+                f"{self.network_shared_because}: other users of this machine can connect to "
+                f"their gloo sockets on 127.0.0.1 (the controller is on Unix sockets in the "
+                f"lab's private folder either way).")
 
     # ------------------------------------------------------------- forming
     def bring_up(self, calls: Any) -> None:
@@ -117,6 +130,7 @@ class LocalRanks:
         # interactive=False: ipyparallel's own progress bar is noise in a lesson.
         client.wait_for_engines(n, timeout=cluster.engine_timeout, interactive=False)
         self.engine_set = EngineSet(client, sorted(client.ids)[:n])
+        self.network_shared_because = template.network_shared_because()
         self._join_group(calls)
         # What a forked rank costs of its own, for the next lab's memory check (ms).
         note_rank_memory(self._pids)
@@ -129,21 +143,19 @@ class LocalRanks:
         forked = template.enabled()
         if forked:
             template.warm()      # torch imports in the template while the controller starts
-        self._port_holds = hold_ports(_CONTROLLER_PORTS, HOST)
-        ports = ",".join(str(hold.getsockname()[1]) for hold in self._port_holds)
         cluster = ipp.Cluster(
             n=n, profile_dir=self.directory, cluster_id="lab", log_level=logging.ERROR,
             # ipyparallel's own exit handler would stop the cluster before ours runs,
             # politely: SIGINT, then waiting for engines that a stuck collective keeps
             # from ever answering. ddplab ends its processes itself (shut_down).
             shutdown_atexit=False,
-            controller_ip=HOST, delay=0, engine_timeout=max(60, int(self.spec.timeout)),
+            delay=0, engine_timeout=max(60, int(self.spec.timeout)),
             # Engines start at once and load torch while the controller comes up.
             send_engines_connection_env=False,
-            controller_args=[f"--IPController.ports={ports}", *heartbeat_args()],
+            controller_args=[*_unix_socket_args(self.directory), *heartbeat_args()],
             **({"engine_launcher_class": template.ForkedEngineSetLauncher} if forked else {}))
         config = cluster.config
-        config.LocalControllerLauncher.controller_cmd = _GUARD + ["ipyparallel.controller"]
+        config.LocalControllerLauncher.controller_cmd = _GUARD + ["ddplab.rank.ipc_controller"]
         config.LocalControllerLauncher.environment = dict(parent, DDPLAB_CLEANUP_DIR=self.directory)
         config.LocalEngineSetLauncher.engine_cmd = _GUARD + ["ipyparallel.engine"]
         config.LocalEngineSetLauncher.engine_args = [
@@ -292,7 +304,11 @@ class LocalRanks:
         # engines already gone. Engines stuck in a C++ collective never act on
         # SIGTERM (ipyparallel's handler is Python code), and hold no state
         # worth saving: no grace.
-        tree = procs.Tree([*self._handles, *[_local_process(e) for e in launchers]])
+        # A launcher that never got to start its engine (the template failed to
+        # start) has pid -1: nothing to end, and the error worth showing is that one.
+        started = [_local_process(e) for e in launchers if getattr(e, "process", None) or
+                   (e.pid or 0) > 0]
+        tree = procs.Tree([*self._handles, *started])
         for pid in self._pids:
             tree.add_session(pid)
         tree.note()
@@ -329,9 +345,6 @@ class LocalRanks:
         """Drop what a stopped lab held: its ranks, the controller's ports, its directory."""
         import shutil
         self._pids, self._handles = [], []
-        for hold in self._port_holds:    # the controller is gone: its ports go back
-            hold.close()
-        self._port_holds = []
         if self.directory:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = ""

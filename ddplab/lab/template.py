@@ -68,6 +68,7 @@ class Template:
                                     self.socket_path]], env=env, output="stdout").start()
         self.process = self._group.processes[0]
         self._ready = False
+        self._network: str | None = None
 
     @property
     def alive(self) -> bool:
@@ -102,6 +103,12 @@ class Template:
         return int(self._ask({"argv": argv, "env": env, "cwd": cwd, "output": output,
                               "lab_dir": lab_dir, "owner": os.getpid()})["pid"])
 
+    def network_shared_because(self) -> str:
+        """Why the engines it forks share the machine's network; "" if they have their own."""
+        if self._network is None:
+            self._network = str(self._ask({"network": 1}).get("shared_because", "it is too old"))
+        return self._network
+
     def ended(self, pid: int) -> dict:
         """How child ``pid`` ended: ``{"exit": code}``, ``{"signal": n}``, or ``{}`` if unknown."""
         if not self.alive:
@@ -129,6 +136,7 @@ class BorrowedTemplate(Template):
     def __init__(self, socket_path: str) -> None:
         self.socket_path = socket_path
         self._ready = True                   # its owner waited for "ready" before naming it
+        self._network = None
 
     @property
     def alive(self) -> bool:
@@ -209,6 +217,17 @@ def stop() -> None:
         _template.stop()
         _template = None
         atexit.unregister(stop)
+
+
+def network_shared_because() -> str:
+    """Why this kernel's engines share the machine's network; "" if they have one of their own.
+
+    Engines forked from the template live in its private network
+    (``ddplab.rank.netns``); engines started as plain processes cannot share one.
+    """
+    if not enabled():
+        return "engines start as plain processes (DDPLAB_FORK=0), not from the template"
+    return shared().network_shared_because()
 
 
 def ended(pid: int) -> dict:

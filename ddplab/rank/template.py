@@ -14,6 +14,8 @@ request per connection, one JSON line:
 the answer is
 ``{"pid": N}`` once the child exists. ``{"status": N}`` asks how child N ended
 (``{"exit": code}`` or ``{"signal": number}``, ``{}`` while it runs).
+``{"network": 1}`` asks whether the ranks have a network of their own:
+``{"shared_because": ""}`` if they do (``ddplab.rank.netns``), else why not.
 
 Why this is safe to fork from (the known pitfalls):
 - No threads: the template never starts one (its parent watch is a poll in the
@@ -54,6 +56,7 @@ _children: set[int] = set()
 _lab_dirs: set[str] = set()       # the directories of the labs we forked engines for
 _owners: dict[int, "_Owner"] = {}  # kernels other than our parent that we fork for (ddplab grade)
 _parent_pid = 0
+_network = "not asked for"        # why the ranks share the machine's network ("" if they do not)
 
 
 class _Owner:
@@ -160,6 +163,8 @@ def _answer(conn: socket.socket) -> None:
         request = json.loads(line)
         if "status" in request:
             reply = _status(int(request["status"]))
+        elif "network" in request:
+            reply = {"shared_because": _network}
         else:
             pid = os.fork()
             if pid == 0:
@@ -245,6 +250,10 @@ def main(argv: list[str]) -> None:
     if len(argv) != 1:
         sys.exit("usage: python -m ddplab.rank.template SOCKET")
     parent = int(os.environ.get("DDPLAB_PARENT_PID", os.getppid()))
+    # First, while this process has one thread: a network of the lab's own (see netns).
+    from ddplab.rank import netns
+    global _network
+    _network = netns.enter_private_network() or ""
     preload()
     try:
         serve(argv[0], parent)
