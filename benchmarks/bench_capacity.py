@@ -29,6 +29,8 @@ import time
 
 import psutil
 
+from ddplab import procs
+
 STUDENT = textwrap.dedent("""
     import sys, time
     import ddplab
@@ -109,8 +111,8 @@ def main() -> None:
                 break
             held = count
     finally:
-        for student in students:                 # their kernels' deaths end their labs
-            student.kill()
+        for student in students:                 # each student's whole tree: kernel, lab
+            procs.end_tree(student, grace=0)
             student.wait()
         probe.stop()
     print(f"holds {held} students (round trip within 2x idle; --think {args.think} s)")
