@@ -187,3 +187,19 @@ def test_where_the_machine_forbids_it_start_says_what_is_exposed():
     for words in ("share this machine's network", "DDPLAB_NETNS=0", "other users",
                   "gloo sockets on 127.0.0.1", "Unix sockets"):
         assert words in lines[1]
+
+
+def test_a_tcpstore_in_the_ranks_network_says_nothing_of_names(capsys):
+    """c10d names each store peer (getnameinfo); in a network without DNS that must not warn."""
+    lab = Lab(LabSpec.build(2, "gloo", 60, init_method="env"), gpus=0).start()
+    try:
+        lab.run_cell("import datetime\n"
+                     "s = dist.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+                     "c = dist.TCPStore('127.0.0.1', s.port, is_master=False,\n"
+                     "                  timeout=datetime.timedelta(seconds=20))\n"
+                     "c.set('k', 'v'); print(s.get('k'))\n")
+        out = capsys.readouterr()
+        assert out.out == "[rank 0]\nb'v'\n[rank 1]\nb'v'\n", out
+        assert "hostname" not in out.err and "[c10d]" not in out.err, out.err
+    finally:
+        lab.stop()

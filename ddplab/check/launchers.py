@@ -8,9 +8,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 from ._core import compare, lab_or_current, passed
+
+log = logging.getLogger(__name__)
 
 __all__ = ["global_rank", "launcher_env", "own_group_demo", "store_barrier"]
 
@@ -34,6 +37,23 @@ def _loopback_store(timeout_s: float):
                           master_listen_fd=listener.fileno())
     listener.detach()          # the store owns the socket now, and closes it when it goes
     return store, port
+
+
+#: The check's TCPStore server, held on rank 0 between the rounds (see store_barrier).
+_server_on_this_rank: Any = None
+
+
+def _open_server(timeout_s: float) -> int:
+    """On rank 0: start the check's store server and keep it; its port."""
+    global _server_on_this_rank
+    _server_on_this_rank, port = _loopback_store(timeout_s)
+    return port
+
+
+def _close_server() -> None:
+    """On rank 0: stop listening now, not whenever the garbage collector runs."""
+    global _server_on_this_rank
+    _server_on_this_rank = None
 
 
 def _barrier_round(fn: Callable, port: int, prefix: str, world_size: int, timeout_s: float) -> str:
@@ -67,7 +87,9 @@ def store_barrier(fn: Callable, lab: Any = None) -> None:
     """
     lab = lab_or_current(lab)
     n = lab.world_size
-    server, port = _loopback_store(60)
+    # The server lives on rank 0, as torchrun's agent lives beside its workers: the
+    # ranks have a network of their own (ddplab.rank.netns), which the kernel is not on.
+    port = lab.run(_open_server, 60, ranks=[0], timeout=60)[0]
     try:
         for round_ in (1, 2):
             got = lab.run(_barrier_round, fn, port, f"check/round{round_}", n, 20.0, timeout=60)
@@ -80,7 +102,10 @@ def store_barrier(fn: Callable, lab: Any = None) -> None:
                 hint="a barrier must not return until every rank has arrived: wait on a key "
                      "only the last arrival sets, so the store's timeout ends the wait.")
     finally:
-        del server             # stop listening now, not whenever the garbage collector runs
+        try:
+            lab.run(_close_server, ranks=[0], timeout=60)
+        except Exception:  # noqa: BLE001 - a broken lab ends the server anyway; keep the real error
+            log.debug("could not stop the check's store server on rank 0", exc_info=True)
     passed(f"the barrier waits for all {n} ranks, and times out when one is missing.")
 
 

@@ -3,7 +3,9 @@
 Lifecycle
 ---------
 ``lab = ddplab.start(world_size=2)`` starts, through ipyparallel's Cluster API,
-one controller and one engine process per rank, all on 127.0.0.1. Each engine
+one controller and one engine process per rank on this machine: the controller
+on Unix sockets in the lab's owner-only directory, the engines in a network of
+their own (``ddplab.rank.netns``), out of other users' reach. Each engine
 gets the environment torchrun would give it (RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, OMP_NUM_THREADS; MASTER_ADDR and MASTER_PORT where a store
 listens) and calls ``init_process_group``: by default through a FileStore in the

@@ -87,24 +87,14 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
       to start its store), and torch's store listens on every interface, open
       to anyone who can reach it, as under torchrun.
 
-      What still listens in a local lab, on 127.0.0.1 only, whichever you pick:
-
-      - gloo's sockets between the ranks (a couple of ephemeral ports per
-        rank; nccl's bootstrap sockets on a GPU machine likewise). Another
-        user of this machine can connect to them, and gloo does not
-        authenticate peers: it matches a new connection to a rank by a small
-        sequence number. Stray bytes are dropped, but someone who speaks
-        gloo's handshake and connects first while a group is forming (start,
-        restart, ``new_group``) could stand in for a rank: feed it wrong
-        tensors, or make it fail or hang (and the ``*_object`` collectives
-        unpickle what they receive). Established connections cannot be
-        taken over.
-      - ipyparallel's controller ports: anyone may connect, but every message
-        must be signed (HMAC-SHA256) with a key kept in the 0700 directory;
-        unsigned ones are dropped.
-
-      The lab's store and files are out of their reach. Where other users
-      must not even see the ports, run the lab in a container or a VM of its own.
+      Whichever you pick, nothing of a local lab is reachable by another user
+      of this machine: the controller talks over Unix sockets in the lab's
+      0700 directory, and the ranks live in a network namespace of their own
+      (``ddplab.rank.netns``), so gloo's sockets and any TCPStore listen on a
+      127.0.0.1 that only the ranks share. Where the machine forbids that
+      (no user namespaces), the lab starts anyway and says in one line what
+      is exposed: gloo's sockets on this machine's 127.0.0.1, where gloo does
+      not authenticate who connects (README, "What is exposed").
 
     - ``hosts=["node1", "node2"]`` or ``engines="ssh"|"mpi"|"slurm"``: ranks on
       several hosts, started by ipyparallel's launchers; see ``ddplab.lab.multihost``

@@ -253,7 +253,7 @@ def main(argv: list[str]) -> None:
     # First, while this process has one thread: a network of the lab's own (see netns).
     from ddplab.rank import netns
     global _network
-    _network = netns.enter_private_network() or ""
+    _network = netns.enter_private_network(os.path.dirname(argv[0])) or ""
     preload()
     try:
         serve(argv[0], parent)
