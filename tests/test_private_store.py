@@ -139,8 +139,8 @@ def test_another_user_cannot_reach_the_store(fresh_lab):
 
 
 def test_the_controllers_signing_key_is_in_the_private_directory(fresh_lab):
-    # The controller's ports on 127.0.0.1 stay open to local users; what keeps them
-    # out is that every message must be signed with this key, which they cannot read.
+    # The controller is on Unix sockets in the lab's 0700 directory, and every message
+    # must also be signed with this key, which no other user can read.
     files = sorted(glob.glob(os.path.join(fresh_lab.directory, "security", "ipcontroller-*.json")))
     assert [os.path.basename(f) for f in files] == ["ipcontroller-lab-client.json",
                                                     "ipcontroller-lab-engine.json"]
@@ -148,7 +148,7 @@ def test_the_controllers_signing_key_is_in_the_private_directory(fresh_lab):
         with open(path) as f:
             info = json.load(f)
         assert info["signature_scheme"] == "hmac-sha256" and len(info["key"]) >= 32, path
-        assert info["interface"] == "tcp://127.0.0.1", path
+        assert info["interface"] == f"ipc://{fresh_lab.directory}/c", path
         assert _mode(path) == 0o600, path
 
 
