@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import procs
-from . import grade_plan, outputs, sandbox
+from . import grade_plan, grade_witness, outputs, sandbox
 from .grade_plan import GradeError, Mark, check_reference, load_submission, plan
 from .grade_run import Step, execute, sanitize_patterns
 from .outputs import Journal
@@ -295,10 +295,11 @@ def _worker(argv: list[str]) -> int:
     todo, out, cwd, cell_timeout = argv
     procs.become_subreaper()
     procs.hide_memory()
+    grade_witness.prepare()          # before any cell of the submission: see its docstring
     steps = [Step(**record) for record in json.loads(Path(todo).read_text())]
     Path(todo).unlink()
     try:
-        execute(steps, cwd, float(cell_timeout))
+        execute(steps, cwd, float(cell_timeout), witnessed=True)
     finally:
         procs.end_descendants(grace=1)
     outputs.write_atomically(out, json.dumps([{"status": s.status, "error": s.error,
