@@ -134,7 +134,16 @@ class _SafePickle:
 
     @staticmethod
     def loads(data: bytes, **_: Any) -> Any:
-        return SafeUnpickler(io.BytesIO(data)).load()
+        # Not raised: ipyparallel unpickles replies in its own thread, where an
+        # exception would lose the reply and the check would wait for it in vain.
+        try:
+            return SafeUnpickler(io.BytesIO(data)).load()
+        except pickle.UnpicklingError as e:
+            return Refused(str(e))
+
+
+class Refused(str):
+    """A rank's reply the grader would not unpickle; why, as text."""
 
 
 def prepare() -> None:
@@ -207,6 +216,10 @@ class WitnessLab:
             raise HangError(f"ddplab: the ranks did not finish within timeout={limit:g} s "
                             f"(a deadlock?)", states)
         outcomes = {r: p.get() for r, p in pending.items()}
+        refused = {r: o for r, o in outcomes.items() if not isinstance(o, dict)}
+        if refused:
+            rank = min(refused)
+            raise AssertionError(f"rank {rank}: {refused[rank]}")
         failures = {r: o["error"] for r, o in outcomes.items() if not o["ok"]}
         if failures:
             raise rank_error(failures)
