@@ -41,8 +41,11 @@ has bubblewrap, each worker runs in a sandbox (``ddplab.course.sandbox``):
 its own pid, mount, network and user namespaces, so it sees no other
 process, no reference, no other submission and no output of the grader,
 and everything it starts dies with it. The worker is a child subreaper and
-ends what it adopted; the grader plans and scores, the worker only runs
-cells. Every finished result is journalled (``ddplab.course.outputs``).
+ends what it adopted; the grader plans and scores, the worker runs cells in
+the kernel and, for the check cells that need only the lab, runs the check
+itself against the ranks (``ddplab.course.grade_witness``), where the
+submission's code never ran. Every finished result is journalled
+(``ddplab.course.outputs``).
 """
 
 from __future__ import annotations

@@ -223,7 +223,7 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = 
                 continue
             broke = False
             if step.role == "check" and witnessed and grade_witness.witnessable(step.source):
-                broke = _witness(kernel, step, cell_timeout)
+                broke = _witness(kernel, step, cwd, cell_timeout)
             elif step.role == "check":
                 nonce = secrets.token_hex(16)
                 step.status, outputs, step.error = kernel.run(guarded_check(step.source, nonce))
@@ -252,7 +252,7 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = 
             kernel.stop()
 
 
-def _witness(kernel: Kernel, step: Step, cell_timeout: float) -> bool:
+def _witness(kernel: Kernel, step: Step, cwd: str, cell_timeout: float) -> bool:
     """Run check ``step`` in this process against the kernel's lab; True if that broke the lab."""
     status, outputs, step.error = kernel.run(grade_witness.WHERE)
     directory = grade_witness.where(outputs) if status == "ok" else ""
@@ -260,7 +260,7 @@ def _witness(kernel: Kernel, step: Step, cell_timeout: float) -> bool:
         step.status, step.outputs = "error", []
         step.error = step.error or "no lab is running (start one with lab = ddplab.start(world_size=2))"
         return False
-    step.outputs, error, broke = grade_witness.check(step.source, directory, cell_timeout)
+    step.outputs, error, broke = grade_witness.check(step.source, directory, cell_timeout, cwd)
     step.status, step.error = ("ok", "") if error is None else ("error", reason(*error))
     return broke
 

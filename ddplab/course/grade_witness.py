@@ -230,8 +230,10 @@ class WitnessLab:
         self.client.close()
 
 
-def check(source: str, directory: str, timeout: float) -> tuple[list, tuple[str, str] | None, bool]:
-    """Run check ``source`` against the lab in ``directory``: (outputs, error, broke).
+def check(source: str, directory: str, timeout: float,
+          cwd: str = ".") -> tuple[list, tuple[str, str] | None, bool]:
+    """Run check ``source`` against the lab in ``directory``, in ``cwd`` (the kernel's working
+    folder, where a checker finds what the ranks wrote): (outputs, error, broke).
 
     ``error`` is the exception's (name, message), or None if the check passed;
     ``broke``: the ranks may still be running what the check sent (it timed
@@ -241,8 +243,9 @@ def check(source: str, directory: str, timeout: float) -> tuple[list, tuple[str,
     from ddplab.lab import current_lab
     printed = io.StringIO()
     error, broke, lab = None, False, None
+    before = current_lab.current_or_none()
     try:
-        with contextlib.redirect_stdout(printed):
+        with contextlib.redirect_stdout(printed), contextlib.chdir(cwd):
             lab = WitnessLab(directory, timeout)
             current_lab.make_current(lab)      # what ddplab.check.x() finds when given no lab
             import ddplab
@@ -253,7 +256,7 @@ def check(source: str, directory: str, timeout: float) -> tuple[list, tuple[str,
         error = (type(e).__name__, str(e))
         broke = isinstance(e, (HangError, TimeoutError)) or "a deadlock" in str(e)
     finally:
-        current_lab.make_current(None)
+        current_lab.make_current(before)
         if lab is not None:
             lab.close()
     text = printed.getvalue()
