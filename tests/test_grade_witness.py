@@ -129,3 +129,14 @@ def test_a_check_it_runs_reads_the_ranks_whatever_the_kernel_patched(monkeypatch
     finally:
         monkeypatch.undo()
         lab.stop()
+
+
+def test_the_lab_directory_is_read_from_a_line_split_across_messages():
+    """On a busy machine one printed line can come in several stream messages."""
+    def stream(text):
+        return {"output_type": "stream", "name": "stdout", "text": text}
+    split = [stream("ddplab-where:"), stream(' "/tmp/ddplab-'), stream('x1"\n')]
+    assert grade_witness.where(split) == "/tmp/ddplab-x1"
+    assert grade_witness.where([stream('ddplab-where: ""\n')]) == ""
+    assert grade_witness.where([stream("ddplab-where: [1]\n"), stream("noise\n")]) == ""
+    assert grade_witness.where([]) == ""

@@ -258,7 +258,8 @@ def _witness(kernel: Kernel, step: Step, cwd: str, cell_timeout: float) -> bool:
     directory = grade_witness.where(outputs) if status == "ok" else ""
     if not directory:
         step.status, step.outputs = "error", []
-        step.error = step.error or "no lab is running (start one with lab = ddplab.start(world_size=2))"
+        step.error = step.error or ("no lab is running for the grader to check (start one with "
+                                    "lab = ddplab.start(world_size=2))")
         return False
     step.outputs, error, broke = grade_witness.check(step.source, directory, cell_timeout, cwd)
     step.status, step.error = ("ok", "") if error is None else ("error", reason(*error))

@@ -66,7 +66,8 @@ def _ddplab_grade_where():
     import json
     import ddplab.lab.current_lab as current_lab
     lab = current_lab.current_or_none()
-    print("ddplab-where:", json.dumps(lab.directory if lab is not None and lab.running else ""))
+    where = json.dumps(lab.directory if lab is not None and lab.running else "")
+    print("ddplab-where: " + where)
 _ddplab_grade_where()
 del _ddplab_grade_where"""
 
@@ -84,14 +85,15 @@ def witnessable(source: str) -> bool:
 
 def where(outputs: list) -> str:
     """The lab directory the ``WHERE`` cell printed, or ''."""
-    for out in outputs:
-        for line in str(out.get("text", "")).splitlines():
-            if line.startswith("ddplab-where: "):
-                try:
-                    found = json.loads(line.removeprefix("ddplab-where: "))
-                except ValueError:
-                    return ""
-                return found if isinstance(found, str) else ""
+    # One line can arrive in several stream messages on a busy machine: join them first.
+    text = "".join(str(out.get("text", "")) for out in outputs if out.get("output_type") == "stream")
+    for line in text.splitlines():
+        if line.startswith("ddplab-where: "):
+            try:
+                found = json.loads(line.removeprefix("ddplab-where: "))
+            except ValueError:
+                return ""
+            return found if isinstance(found, str) else ""
     return ""
 
 
