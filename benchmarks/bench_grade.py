@@ -43,6 +43,16 @@ is within the noise. Only wall time is compared: the CPU of a sandbox's
 processes is reaped inside its pid namespace and does not reach our
 ``RUSAGE_CHILDREN`` (unsandboxed, the class used about 84 s of CPU).
 
+With the grader's own check (``ddplab.course.grade_witness``: each sandboxed
+worker imports torch, ddplab and ipyparallel before the first cell, about
+200 MB and 2 s of CPU more per submission), 2026-11-25, notebook 01, 10
+submissions, the 2-core machine shared with three other agents:
+
+    --compare-sandbox 1:  unsandboxed 104.8 s (load 8.8), sandboxed 94.5 s
+                          (load 11.7): -10 %, goal met
+    sandboxed alone:      95 s with the code before it (load 8.4), 98 s with
+                          it (load 11.2): +3 %, within the noise
+
 The whole cost of issue 27 (sandbox, subreapers, the check guard that imports
 torch at each kernel's start): the same class, ``-n 10``, with the code
 before it (commit 1c6316c, run from an exported tree) and after, alternately,

@@ -94,18 +94,11 @@ def test_the_run_completes_and_reports_every_submission(graded):
     assert not list(graded["csv"].parent.glob("*.journal"))         # done: no journal left
 
 
-@pytest.mark.parametrize("name", [n for n in attacks.ATTACKS if n not in attacks.KNOWN_GAPS])
+@pytest.mark.parametrize("name", list(attacks.ATTACKS))
 def test_each_attack_scores_what_its_work_deserves(graded, name):
     row = _rows(graded)[name]
     _, deserved = attacks.ATTACKS[name]
     assert int(row["score"]) == deserved, row
-
-
-@pytest.mark.xfail(strict=True, reason="known gap, in the README: code in the kernel that "
-                   "changes what the checker relies on beyond what is put back (Lab.run) still forges")
-@pytest.mark.parametrize("name", list(attacks.KNOWN_GAPS))
-def test_known_gaps_still_forge_a_point(graded, name):
-    assert int(_rows(graded)[name]["score"]) == attacks.KNOWN_GAPS[name][1]
 
 
 def test_reasons_name_what_happened(graded):
@@ -113,6 +106,9 @@ def test_reasons_name_what_happened(graded):
     assert "not graded: the grader failed" in rows["kill_ancestors"]["error"]
     assert "no variable `mean_score`" in rows["replaced_checker"]["reasons"]
     assert "was moved above its exercise cell exercise-mean-score" in rows["moved_check"]["reasons"]
+    # the grader's own check read the ranks: what the kernel's patches pretended is not there
+    assert "no variable `mean_score`" in rows["patched_lab_run"]["reasons"]
+    assert "does not unpickle" in rows["pickle_gadget_on_ranks"]["reasons"]
     assert "it passed" in rows["moved_check"]["reasons"]       # the check ran after it anyway
     setup = rows["setup_times_out"]["reasons"]
     assert f"cell setup: timed out after {CELL_TIMEOUT} s" in setup and "no lab is running" in setup

@@ -41,8 +41,11 @@ has bubblewrap, each worker runs in a sandbox (``ddplab.course.sandbox``):
 its own pid, mount, network and user namespaces, so it sees no other
 process, no reference, no other submission and no output of the grader,
 and everything it starts dies with it. The worker is a child subreaper and
-ends what it adopted; the grader plans and scores, the worker only runs
-cells. Every finished result is journalled (``ddplab.course.outputs``).
+ends what it adopted; the grader plans and scores, the worker runs cells in
+the kernel and, for the check cells that need only the lab, runs the check
+itself against the ranks (``ddplab.course.grade_witness``), where the
+submission's code never ran. Every finished result is journalled
+(``ddplab.course.outputs``).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import limits, procs
-from . import grade_plan, outputs, sandbox
+from . import grade_plan, grade_witness, outputs, sandbox
 from .grade_plan import GradeError, Mark, check_reference, load_submission, plan
 from .grade_run import Step, execute, sanitize_patterns
 from .outputs import Journal
@@ -297,10 +300,11 @@ def _worker(argv: list[str]) -> int:
     todo, out, cwd, cell_timeout = argv
     procs.become_subreaper()
     procs.hide_memory()
+    grade_witness.prepare()          # before any cell of the submission: see its docstring
     steps = [Step(**record) for record in json.loads(Path(todo).read_text())]
     Path(todo).unlink()
     try:
-        execute(steps, cwd, float(cell_timeout))
+        execute(steps, cwd, float(cell_timeout), witnessed=True)
     finally:
         procs.end_descendants(grace=1)
     outputs.write_atomically(out, json.dumps([{"status": s.status, "error": s.error,

@@ -1,7 +1,10 @@
-"""How the grader runs a check cell, so that a submission cannot replace, wrap, shadow or imitate it.
+"""How the grader runs a check cell in the submission's kernel, when it cannot run it itself.
 
-A check cell runs in the submission's kernel, where the submission's code
-ran first. Before it, the grader:
+A grading worker runs the check cells that need only the lab in its own
+process (``ddplab.course.grade_witness``), out of the submission's reach. The
+others (a check given the student's function or answer from the notebook,
+or one that traces) run in the submission's kernel, where the submission's
+code ran first; this is their guard. Before such a check, the grader:
 
 - at the kernel's start, before any cell of the submission, keeps the
   streams and ``print`` a verdict goes through, the import system
@@ -18,10 +21,11 @@ ran first. Before it, the grader:
 - reads the verdict (``verdict``): only ``pass`` with that nonce earns the
   point, and the verdict lines are removed before outputs are compared.
 
-What this cannot stop (README, "Grading a hostile class"): code that
-changes what the checker relies on beyond what is put back (``ddplab.lab``'s
-``Lab.run``, another module's functions, the guard's own names shadowed in
-the notebook's namespace, IPython's hooks, which see the cell and its nonce).
+What this cannot stop, for the checks that run in the kernel (README,
+"Grading a hostile class"): code that changes what the checker relies on
+beyond what is put back (``ddplab.lab``'s ``Lab.run``, another module's
+functions, the guard's own names shadowed in the notebook's namespace,
+IPython's hooks, which see the cell and its nonce).
 """
 
 from __future__ import annotations

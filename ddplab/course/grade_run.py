@@ -13,9 +13,11 @@ What can go wrong in a cell, and what happens:
 - it runs past the per-cell timeout (an infinite loop): the kernel is killed
   and recovered.
 - the kernel dies (a crash, ``os._exit``), or an engine dies: recovered.
-- it tries to forge a check (replaces a checker, patches ``print``, prints
-  a ``Correct`` line): check cells run through ``ddplab.course.grade_check``'s
-  guard and earn the point only by its verdict.
+- it tries to forge a check (replaces a checker, patches ``Lab.run`` or
+  ``print``, prints a ``Correct`` line): a grading worker runs the check
+  cells it can in its own process (``ddplab.course.grade_witness``); the
+  others run through ``ddplab.course.grade_check``'s guard in the kernel and
+  earn the point only by its verdict.
 
 Recovering means: kill the kernel (its lab's engines and controller exit with
 it, see ``ddplab.rank.guard``), start a new one, and replay the cells before the
@@ -38,6 +40,7 @@ from importlib import resources
 import nbformat
 
 from .. import procs
+from . import grade_witness
 from .grade_check import SAVE_STREAMS, guarded_check, verdict
 
 log = logging.getLogger(__name__)
@@ -203,8 +206,14 @@ class Kernel:
         family.end(grace=15)
 
 
-def execute(steps: list[Step], cwd: str, cell_timeout: float) -> None:
-    """Run ``steps`` in order, recording status, outputs and reasons on each."""
+def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = False) -> None:
+    """Run ``steps`` in order, recording status, outputs and reasons on each.
+
+    ``witnessed``: this process never runs a submission's code (a grading
+    worker, after ``grade_witness.prepare``), so it runs the check cells it
+    can itself (``ddplab.course.grade_witness``); the others run guarded in
+    the kernel.
+    """
     failed: set[str] = set()      # exercises already lost: replays use the reference solution
     kernel = Kernel(cwd, cell_timeout)
     try:
@@ -212,7 +221,10 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float) -> None:
             if step.skip:
                 step.status = "ok"
                 continue
-            if step.role == "check":
+            broke = False
+            if step.role == "check" and witnessed and grade_witness.witnessable(step.source):
+                broke = _witness(kernel, step, cwd, cell_timeout)
+            elif step.role == "check":
                 nonce = secrets.token_hex(16)
                 step.status, outputs, step.error = kernel.run(guarded_check(step.source, nonce))
                 said, step.outputs = verdict(outputs, nonce)
@@ -226,7 +238,7 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float) -> None:
                 failed.add(step.name)
             if step.status == "error" and step.expect_error and step.role == "other":
                 step.status = "ok"         # e.g. a HangError the notebook shows on purpose
-            if step.status == "ok" or (step.status == "error" and kernel.healthy()):
+            if step.status == "ok" or (step.status == "error" and not broke and kernel.healthy()):
                 continue
             kernel.stop()
             kernel = _replay(steps[:index + 1], failed, cwd, cell_timeout)
@@ -238,6 +250,20 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float) -> None:
     finally:
         if kernel is not None:
             kernel.stop()
+
+
+def _witness(kernel: Kernel, step: Step, cwd: str, cell_timeout: float) -> bool:
+    """Run check ``step`` in this process against the kernel's lab; True if that broke the lab."""
+    status, outputs, step.error = kernel.run(grade_witness.WHERE)
+    directory = grade_witness.where(outputs) if status == "ok" else ""
+    if not directory:
+        step.status, step.outputs = "error", []
+        step.error = step.error or ("no lab is running for the grader to check (start one with "
+                                    "lab = ddplab.start(world_size=2))")
+        return False
+    step.outputs, error, broke = grade_witness.check(step.source, directory, cell_timeout, cwd)
+    step.status, step.error = ("ok", "") if error is None else ("error", reason(*error))
+    return broke
 
 
 def _replay(done: list[Step], failed: set[str], cwd: str, cell_timeout: float) -> Kernel | None:

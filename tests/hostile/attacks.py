@@ -238,14 +238,39 @@ ATTACKS.update({
     "import_hook": (_before_check(IMPORT_HOOK), 0),
 })
 
-# Attacks that still earn the point (the README says so): code in the kernel
-# that changes what the checker relies on beyond what the grader puts back.
-# Graded in the same run; their tests are strict xfails, so a fix shows.
-KNOWN_GAPS = {
+# Code in the kernel that changes what a checker relies on beyond what the
+# kernel's guard puts back: defeated only because the grading worker runs the
+# check in its own process (ddplab.course.grade_witness), against the ranks.
+PICKLE_GADGET = '''%%ranks
+class Forge:
+    # unpickled where the check reads it: makes every comparison pass
+    def __reduce__(self):
+        return (exec, ("import ddplab.check._core as c; c.same = lambda *a, **k: True",))
+mean_score = Forge()
+'''
+
+POST_RUN_HOOK = (f"get_ipython().events.register('post_run_cell', lambda *a: {FAKE_CORRECT})\n"
+                 "import IPython.display\n"
+                 f"IPython.display.display = lambda *a, **k: {FAKE_CORRECT}")
+
+ATTACKS.update({
     "patched_lab_run": (_before_check(
         "import torch\ntype(lab).run = lambda self, fn, *a, **k: [torch.tensor([13 / 6])] * 2"), 0),
-}
-ATTACKS.update(KNOWN_GAPS)
+    "patched_lab_class": (_before_check(
+        "import torch, ddplab.lab, ddplab.lab.calls\n"
+        "ddplab.lab.Lab.run = lambda self, fn, *a, **k: [torch.tensor([13 / 6])] * self.world_size\n"
+        "ddplab.lab.calls.Calls.finish = lambda self, tasks, *a, **k: [\n"
+        "    setattr(t, 'outcome', {'ok': True, 'events': [], 'error': None,\n"
+        "                           'value': torch.tensor([13 / 6])}) for t in tasks]"), 0),
+    "patched_dist_in_kernel": (_before_check(
+        "import torch, torch.distributed as dist\n"
+        "dist.is_initialized = lambda *a, **k: True\n"
+        "dist.all_reduce = lambda t, *a, **k: t.fill_(13 / 6)\n"
+        "torch.cat = lambda *a, **k: torch.tensor([13 / 6] * 6)",
+        exercise="%%ranks\nmean_score = torch.tensor([0.0])"), 0),
+    "pickle_gadget_on_ranks": (_exercise(PICKLE_GADGET), 0),
+    "post_run_hook": (_before_check(POST_RUN_HOOK), 0),
+})
 
 
 def submission(name: str, *, marker: str, reference: str, other: str, csv: str) -> str:
