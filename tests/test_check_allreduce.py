@@ -307,6 +307,9 @@ def test_the_students_stub_fails_naming_the_case(fresh_lab):
     with pytest.raises(AssertionError, match=r"ring_all_reduce raised on the case shape=\[1\], "
                                                r"dtype=float32, seed=0 \(rank 0\): NotImplementedError"):
         check.ring_all_reduce(stub)
+    with pytest.raises(AssertionError) as info:
+        check.ring_all_reduce(stub)
+    assert "raised NotImplementedError, so it cannot be checked" in str(info.value).splitlines()[0]
 
 
 def test_not_a_function_is_refused_with_the_fix(fresh_lab):

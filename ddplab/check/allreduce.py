@@ -160,8 +160,13 @@ def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exerci
                     _as_world(world, strays):
                 returned = fn(got)
         except Exception as error:
-            raise RuntimeError(f"{exercise} raised on the case shape={list(shape)}, dtype={dtype}, "
-                               f"seed={seed} (rank {rank}): {type(error).__name__}: {error}") from error
+            said = (f"{exercise} raised on the case shape={list(shape)}, dtype={dtype}, "
+                    f"seed={seed} (rank {rank}): {type(error).__name__}: {error}")
+            try:                     # the student's own type, so the check's first line names it
+                named = type(error)(said)
+            except Exception:
+                named = RuntimeError(said)
+            raise named from error
         verdict = dict(case=(shape, dtype, seed), count=0, shown=[], note="")
         if isinstance(returned, torch.Tensor) and returned is not got and torch.equal(got, data):
             verdict["note"] = ("it returned a new tensor and left its argument unchanged; sum into "
