@@ -116,8 +116,45 @@ def returns_a_new_tensor(tensor):
 def test_right_ring_passes_with_one_fixed_line(fresh_lab4, capsys):
     check.ring_all_reduce(RING)
     out = capsys.readouterr().out
-    assert out == ("Correct: ring_all_reduce matches dist.all_reduce on every rank for 41 cases "
-                   "(shapes 1, 6, 13, 3x5, 1000, 4099; float32, float64, int32, int64).\n")
+    assert out == ("Correct: ring_all_reduce matches dist.all_reduce on every rank for 41 cases, and "
+                   "each rank sent 6 chunks of 1/4 of the tensor to its right neighbour and "
+                   "received 6 from its left one.\n")
+
+
+def whole_tensor_round_the_ring(tensor):
+    """Right sums, wrong method: the whole tensor goes round the ring p - 1 times."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    passing, inbox, total = tensor.clone(), torch.empty_like(tensor), tensor.clone()
+    for _ in range(p - 1):
+        receiving = dist.irecv(inbox, src=(rank - 1) % p)
+        dist.isend(passing, dst=(rank + 1) % p).wait()
+        receiving.wait()
+        total += inbox
+        passing = inbox.clone()
+    tensor.copy_(total)
+    return tensor
+
+
+def test_the_ring_check_rejects_a_naive_all_reduce_that_sums_right(fresh_lab4):
+    """The exercise teaches the ring: reduce-then-broadcast through rank 0 sums right, and fails."""
+    with pytest.raises(AssertionError) as info:
+        check.ring_all_reduce(NAIVE)
+    message = str(info.value)
+    assert message.startswith("ring_all_reduce sums correctly on 4 ranks, but its messages are not "
+                              "a ring's"), message
+    assert ("rank 1 sent to rank 0; a ring only sends to its right neighbour, rank 2" in message
+            or "rank 0 sent to rank 2, 3" in message), message
+    assert "2(p-1) = 6 messages each way" in message and "Hint: cut the tensor" in message
+
+
+def test_the_ring_check_rejects_whole_tensors_sent_round_the_ring(fresh_lab4):
+    with pytest.raises(AssertionError) as info:
+        check.ring_all_reduce(whole_tensor_round_the_ring)
+    message = str(info.value)
+    assert "messages are not a ring's" in message
+    assert "rank 0 made 3 send(s); a ring makes 2(p-1) = 6" in message
+    assert ("rank 0 sent messages of 16 elements; a ring moves chunks of 1/p of the tensor "
+            "(4 of 16)") in message
 
 
 def test_rejects_wrong_chunk_order(fresh_lab4):
@@ -270,6 +307,9 @@ def test_the_students_stub_fails_naming_the_case(fresh_lab):
     with pytest.raises(AssertionError, match=r"ring_all_reduce raised on the case shape=\[1\], "
                                                r"dtype=float32, seed=0 \(rank 0\): NotImplementedError"):
         check.ring_all_reduce(stub)
+    with pytest.raises(AssertionError) as info:
+        check.ring_all_reduce(stub)
+    assert "raised NotImplementedError, so it cannot be checked" in str(info.value).splitlines()[0]
 
 
 def test_not_a_function_is_refused_with_the_fix(fresh_lab):

@@ -102,3 +102,25 @@ def test_a_missing_function_and_a_hang_are_named(fresh_lab):
                        "        dist.all_reduce(next(model.parameters()).grad)\n")
     with pytest.raises(AssertionError, match="did not finish within 15 s.*deadlock"):
         ddplab.check.average_gradients()
+
+
+@pytest.mark.parametrize("change, words", [
+    (("    flat /= world_size\n", ""),
+     "every gradient holds the sum over the 2 ranks, world_size times the mean: the all_reduce is "
+     "there, the division is missing"),
+    (("    flat /= world_size\n", "    flat /= 4\n"),
+     "every gradient is the mean times 0.5: the sum was divided by 4, not by world_size = 2"),
+    (("g.copy_(flat[offset:offset + g.numel()].view_as(g))", "pass"),
+     "every gradient is unchanged, this rank's own, although average_gradients_flat called "
+     "dist.all_reduce"),
+])
+def test_average_gradients_flat_names_the_mistake_by_its_effect(fresh_lab, change, words):
+    """The flat buffer is a new tensor: not copying it back leaves the gradients unchanged."""
+    old, new = change
+    assert old in FLAT
+    fresh_lab.run_cell(FLAT.replace(old, new))
+    with pytest.raises(AssertionError) as info:
+        ddplab.check.average_gradients_flat()
+    message = str(info.value)
+    assert "After average_gradients_flat(model), " + words in message, message
+    assert "expected True" not in message

@@ -230,6 +230,9 @@ SANITIZED = {
     "hostname=node7, host: gpu-box.local": "hostname=HOST, host: HOST",
     "0.52 s, 1.234ms, 12 ms, 800us, 0:00:01.234567, took 3 seconds, 12 s elapsed":
         "TIME, TIME, TIME, TIME, TIME, took TIME, TIME elapsed",
+    "100%|██████████| 20/20 [00:01<00:00, 19.50it/s]\n3it [00:00, 79638.68it/s]\n"
+    " 15%|█▌        | 3/20 [1:02:03<?, ?it/s]\n 5/20 [00:02<00:06, 2.03s/it, loss=0.25]":
+        "100%|██████████| 20/20 [TIME]\n3it [TIME]\n 15%|█▌        | 3/20 [TIME]\n 5/20 [TIME]",
     "<!-- ddplab-trace --><div>\n<svg><rect x=\"3.5\"/></svg></div><!-- /ddplab-trace -->":
         "<!-- ddplab-trace -->",
 }
@@ -251,5 +254,5 @@ def test_the_sanitize_file_leaves_lesson_output_alone(text):
 def test_nbval_reads_every_pattern_of_the_sanitize_file():
     """nbval silently drops a pair whose `replace:` lost its space; count them."""
     text = (ROOT / "ddplab" / "course" / "nbval_sanitize.cfg").read_text()
-    assert len(sanitize_patterns()) == text.count("\nregex: ") == 13
+    assert len(sanitize_patterns()) == text.count("\nregex: ") == 14
     json.dumps(sanitize_patterns())

@@ -30,6 +30,7 @@ from ._core import (
     run_student_code,
     swap_peer_calls,
 )
+from ._messages import message_log, ring_problems, tree_depth
 from ._reference import refusing_reference
 
 __all__ = [
@@ -159,8 +160,13 @@ def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exerci
                     _as_world(world, strays):
                 returned = fn(got)
         except Exception as error:
-            raise RuntimeError(f"{exercise} raised on the case shape={list(shape)}, dtype={dtype}, "
-                               f"seed={seed} (rank {rank}): {type(error).__name__}: {error}") from error
+            said = (f"{exercise} raised on the case shape={list(shape)}, dtype={dtype}, "
+                    f"seed={seed} (rank {rank}): {type(error).__name__}: {error}")
+            try:                     # the student's own type, so the check's first line names it
+                named = type(error)(said)
+            except Exception:
+                named = RuntimeError(said)
+            raise named from error
         verdict = dict(case=(shape, dtype, seed), count=0, shown=[], note="")
         if isinstance(returned, torch.Tensor) and returned is not got and torch.equal(got, data):
             verdict["note"] = ("it returned a new tensor and left its argument unchanged; sum into "
@@ -258,13 +264,44 @@ def naive_all_reduce(fn: Callable, lab: Any = None) -> None:
                      "sum back; the other ranks send theirs, then receive into their tensor.", lab)
 
 
+RING_HINT = ("cut the tensor with t.view(-1).tensor_split(world_size) (lengths may differ); "
+             "in the reduce-scatter send chunk (rank - step) % p and add the one received "
+             "into chunk (rank - step - 1) % p; then the all-gather copies the finished "
+             "chunks around. Compare with the ring picture above.")
+#: Elements per rank in the tensor whose messages the ring check follows: p chunks of this many.
+_RING_CHUNK = 4
+
+
 def ring_all_reduce(fn: Callable, lab: Any = None) -> None:
-    """Check a ring all_reduce (reduce-scatter then all-gather) built from send/recv."""
-    check_all_reduce(fn, "ring_all_reduce", COLLECTIVES,
-                     "cut the tensor with t.view(-1).tensor_split(world_size) (lengths may differ); "
-                     "in the reduce-scatter send chunk (rank - step) % p and add the one received "
-                     "into chunk (rank - step - 1) % p; then the all-gather copies the finished "
-                     "chunks around. Compare with the ring picture above.", lab)
+    """Check a ring all_reduce (reduce-scatter then all-gather) built from send/recv.
+
+    Beyond matching ``dist.all_reduce``, its messages must be a ring's: on one
+    tensor of ``4p`` elements, every rank sends only to its right neighbour
+    (rank + 1) % p and receives only from its left one, 2(p-1) times each, and
+    every message is one chunk of ``4`` elements (1/p of the tensor), never
+    the whole tensor. So a naive reduce-then-broadcast, or any other plan that
+    sums right, fails.
+    """
+    exercise = "ring_all_reduce"
+    lab = lab_or_current(lab)
+    check_all_reduce(fn, exercise, COLLECTIVES, RING_HINT, lab, quiet=True)
+    p = lab.world_size
+    length = _RING_CHUNK * p
+    logs = run_on_ranks(message_log, fn, exercise, length, COLLECTIVES, lab=lab, timeout=60)
+    problems = ring_problems(logs, length)
+    if problems:
+        raise AssertionError(
+            f"{exercise} sums correctly on {p} ranks, but its messages are not a ring's (one call "
+            f"on {length} elements, followed on every rank):\n"
+            + "\n".join(f"  {line}" for line in problems[:6])
+            + (f"\n  ... and {len(problems) - 6} more" if len(problems) > 6 else "")
+            + f"\nIn a ring every rank sends only to its right neighbour (rank + 1) % p and receives "
+            f"only from its left one (rank - 1) % p: 2(p-1) = {2 * (p - 1)} messages each way, each "
+            f"one chunk of 1/p of the tensor ({_RING_CHUNK} of {length} elements here).\nHint: "
+            f"{RING_HINT}")
+    passed(f"{exercise} matches dist.all_reduce on every rank for {len(cases())} cases, and each "
+           f"rank sent {2 * (p - 1)} chunks of 1/{p} of the tensor to its right neighbour and "
+           f"received {2 * (p - 1)} from its left one.")
 
 
 def recursive_doubling_all_reduce(fn: Callable, lab: Any = None) -> None:
@@ -303,48 +340,6 @@ def recursive_doubling_all_reduce(fn: Callable, lab: Any = None) -> None:
            f"{n} ranks, and on {odd} of them (not a power of two).")
 
 
-def _message_log(fn: Callable) -> list[tuple[str, int]]:
-    """On a rank: the sends and receives ``fn`` makes for one small tensor, as ("send" | "recv", peer)."""
-    import torch.distributed as dist
-
-    log: list[tuple[str, int]] = []
-    depth = [0]              # torch's send may call its own isend: count the outermost call only
-
-    def logged(name, keyword, real):
-        def call(*args, **kwargs):
-            if not depth[0]:
-                log.append(("send" if "send" in name else "recv", peer(args, kwargs, keyword)))
-            depth[0] += 1
-            try:
-                return real(*args, **kwargs)
-            finally:
-                depth[0] -= 1
-        return call
-
-    undo = swap_peer_calls(logged)
-    try:
-        with forbidding(COLLECTIVES, "tree_all_reduce"):
-            fn(_make((6,), "float32", 0, dist.get_rank()))
-    finally:
-        undo()
-    dist.barrier()
-    return log
-
-
-def _depth(parents: dict[int, Any]) -> int | None:
-    """Levels below rank 0 of the tree ``parents`` draws (rank -> parent); None if it is no tree."""
-    deepest = 0
-    for rank in parents:
-        level, seen = 0, set()
-        while rank != 0:
-            if rank in seen or rank not in parents:
-                return None
-            seen.add(rank)
-            rank, level = parents[rank], level + 1
-        deepest = max(deepest, level)
-    return deepest
-
-
 def tree_all_reduce(fn: Callable, lab: Any = None) -> None:
     """Check a tree all_reduce: whole tensors reduced up a tree to rank 0, then broadcast down it.
 
@@ -360,14 +355,14 @@ def tree_all_reduce(fn: Callable, lab: Any = None) -> None:
             "Then the same tree backwards: receive from your parent, send to your children.")
     lab = lab_or_current(lab)
     check_all_reduce(fn, exercise, COLLECTIVES, hint, lab, quiet=True)
-    logs = run_on_ranks(_message_log, fn, lab=lab, timeout=60)
+    logs = run_on_ranks(message_log, fn, exercise, 6, COLLECTIVES, lab=lab, timeout=60)
     p = lab.world_size
     levels = (p - 1).bit_length()                       # ceil(log2 p)
-    sends = sum(op == "send" for log in logs for op, _ in log)
-    parents = {rank: next((peer for op, peer in log if op == "send"), None)
+    sends = sum(op == "send" for log in logs for op, _, _ in log)
+    parents = {rank: next((peer for op, peer, _ in log if op == "send"), None)
                for rank, log in enumerate(logs) if rank}
-    into_root = sum(op == "recv" for op, _ in logs[0])
-    depth = _depth(parents)
+    into_root = sum(op == "recv" for op, _, _ in logs[0])
+    depth = tree_depth(parents)
     problems = []
     if sends == 0 or None in parents.values():
         # Its sums are right, so every rank's data left it: a rank with no send

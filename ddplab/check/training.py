@@ -27,6 +27,7 @@ import shutil
 import tempfile
 from typing import Any
 
+from ..lab.diagnose import DDP_IS_A_COLLECTIVE
 from ..text import plural
 from ._core import (
     compare,
@@ -69,11 +70,8 @@ def _with_function(name: str, fn, *args: Any) -> Any:
 # ----------------------------------------------------------------- wrap_model
 #: Reading ``ddp_model`` takes milliseconds; a rank busy longer is stuck in DDP's constructor.
 _WRAP_TIMEOUT = 15.0
-_DDP_IS_A_COLLECTIVE = (
-    "DDP(model) is itself a collective: the constructor checks that every rank's parameters "
-    "have the same shapes and broadcasts rank 0's weights to all, so it returns only once every "
-    "rank has called it; made on one rank alone it waits for the others for ever. Construct it "
-    "on every rank at once: a %%ranks cell, not %%rank 0 and not under `if rank == 0:`.")
+_DDP_IS_A_COLLECTIVE = DDP_IS_A_COLLECTIVE
+
 
 def _describe_wrapping() -> dict:
     """On a rank: what ``ddp_model`` is, and a fingerprint of its weights."""

@@ -315,6 +315,9 @@ class Calls:
         collectives = self.ranks.collectives(list(range(self.ranks.world_size)),
                                              time.monotonic() + 2)
         lines += flight.report(collectives)
+        hint = diagnose.deadlock_hint(states, where, stacks)
+        if hint:
+            lines.append(hint)
         for rank, stack in stacks.items():
             if stack:
                 lines.append(f"Stack of rank {rank} (most recent call last):\n{stack}")

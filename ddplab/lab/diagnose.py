@@ -133,10 +133,42 @@ def activity(frames: list[tuple[str, int, str]]) -> tuple[bool, str]:
     return found.in_dist, found.doing()
 
 
-def death(ended: dict) -> str:
+def fatal_where(stack_file: str) -> str:
+    """Where a rank was when a fatal signal ended it, from the dump faulthandler left ("" if none).
+
+    ``engine`` enables faulthandler for fatal signals on the rank's stack file,
+    so an abort inside gloo leaves the stacks of every thread there, after a
+    ``Fatal Python error`` line.
+    """
+    try:
+        with open(stack_file, encoding="utf-8", errors="replace") as f:
+            dump = f.read()
+    except OSError:
+        return ""
+    start = dump.rfind("Fatal Python error")
+    if start < 0:
+        return ""
+    frames = main_thread_stack(dump[start:])
+    return locate(frames).doing() if frames else ""
+
+
+#: The calls a message between two ranks goes through, as ``where`` names them.
+_P2P_CALLS = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
+              "recv_object_list")
+_MISMATCH_FIX = ("The receive buffer must have the sender's dtype and number of elements: a "
+                 "float buffer (torch.zeros(3) is float32) receiving an int tensor "
+                 "(torch.tensor([1, 2, 3]) is int64), or the reverse, is a dtype mismatch; "
+                 "make it with the sender's dtype, e.g. torch.zeros(3, dtype=torch.int64). "
+                 "(Two dtypes of the same size, float32 and int32, are not caught: the bytes "
+                 "arrive and are read as the other type.)")
+
+
+def death(ended: dict, where_line: str = "") -> str:
     """Why an engine died, from how it ended (``{"exit": code}`` or ``{"signal": n}``).
 
-    The sentence follows "the engine of rank 1 ...".
+    ``where_line`` is where the rank was, when known (``fatal_where``): an abort
+    in a send or receive is then named as the dtype or size mismatch it almost
+    always is. The sentence follows "the engine of rank 1 ...".
     """
     if "exit" in ended:
         return (f"exited with code {ended['exit']} (the rank's code, or a library it called, "
@@ -155,8 +187,68 @@ def death(ended: dict) -> str:
         return (f"crashed ({name}, a segmentation fault): a bug in C/C++ code, or a C "
                 f"extension given memory it must not touch.")
     if number == signal.SIGABRT:
-        return (f"aborted ({name}): a C++ error inside torch. In a collective this usually "
-                f"means the ranks passed tensors of different shapes or dtypes; run it again "
-                f"in ddplab.start(debug=True), which checks every collective and names the "
+        call, at = _call(where_line), f" {where_line}" if where_line else ""
+        if call in _P2P_CALLS:
+            return (f"aborted ({name}){at}: a dtype or size mismatch between a send and its "
+                    f"receive. gloo ends the process when a message does not fit the buffer "
+                    f"it is received into. {_MISMATCH_FIX}")
+        if call:
+            return (f"aborted ({name}){at}: a C++ error inside torch. In a collective this "
+                    f"usually means the ranks passed tensors of different shapes or dtypes; "
+                    f"run it again in ddplab.start(debug=True), which checks every collective "
+                    f"and names the mismatch.")
+        return (f"aborted ({name}){at}: a C++ error inside torch, most often a dtype or size "
+                f"mismatch between ranks. Between a send (or isend) and its receive, gloo "
+                f"ends the process when a message does not fit its buffer. {_MISMATCH_FIX} "
+                f"In a collective, run it again in ddplab.start(debug=True), which names the "
                 f"mismatch.")
     return f"was ended by {name}."
+
+
+def _call(where_line: str) -> str:
+    """The call a ``where`` line names: ``"recv"`` for ``"in recv (cell line 3)"``; "" if none."""
+    call = where_line[3:].split(" (")[0] if where_line.startswith("in ") else ""
+    return "" if call.startswith("<") else call
+
+
+#: What a rank stuck in DDP's constructor is told (``check.training`` says the same of a check).
+DDP_IS_A_COLLECTIVE = (
+    "DDP(model) is itself a collective: the constructor checks that every rank's parameters "
+    "have the same shapes and broadcasts rank 0's weights to all, so it returns only once every "
+    "rank has called it; made on one rank alone it waits for the others for ever. Construct it "
+    "on every rank at once: a %%ranks cell, not %%rank 0 and not under `if rank == 0:`.")
+
+
+def deadlock_hint(states: dict[int, str], where: dict[int, str], stacks: dict[int, str]) -> str:
+    """The likely cause of a hang, from where each rank waits ("" when no pattern fits).
+
+    ``states`` is each rank's "still running" / "finished" / "failed", ``where``
+    the still-running ranks' ``where`` lines and ``stacks`` their formatted stacks.
+    """
+    if any("nn/parallel/distributed.py" in stack for stack in stacks.values()):
+        inside = sorted(rank for rank, stack in stacks.items()
+                        if "nn/parallel/distributed.py" in stack)
+        return (f"Hint: {plural(len(inside), 'rank')} {', '.join(map(str, inside))} "
+                f"{'are' if len(inside) > 1 else 'is'} inside DDP(model). {DDP_IS_A_COLLECTIVE}")
+    calls = {rank: _call(line) for rank, line in where.items()}
+    if not calls:
+        return ""
+    if all(call == "recv" for call in calls.values()) and len(calls) == len(states):
+        return ("Hint: every rank is waiting in recv, and no rank is sending: a recv returns only "
+                "once the matching send is made, so ranks that all receive first wait for each "
+                "other for ever. One rank must send first (around a ring: rank 0 sends, then "
+                "receives last; every other rank receives, then sends).")
+    if all(call == "send" for call in calls.values()) and len(calls) == len(states):
+        return ("Hint: every rank is waiting in send: gloo's blocking send returns only once the "
+                "matching recv is posted, so ranks that all send first wait for each other for "
+                "ever. Let one side receive first (e.g. even ranks send then receive, odd ranks "
+                "receive then send), or use dist.isend / dist.irecv and wait() on both.")
+    if all(call in ("send", "recv") for call in calls.values()):
+        idle = sorted(rank for rank, state in states.items() if state != "still running")
+        if idle:
+            return (f"Hint: ranks wait in send/recv for {plural(len(idle), 'rank')} "
+                    f"{', '.join(map(str, idle))}, which finished the cell: check that every "
+                    f"send has its recv on the rank it names (dst=/src=), and that no rank skips "
+                    f"its part behind an `if rank == ...`.")
+    return ""
+

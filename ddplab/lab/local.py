@@ -230,7 +230,9 @@ class LocalRanks:
         dead = [rank for rank, handle in enumerate(self._handles) if not procs.alive(handle)]
         if not dead:
             return None
-        causes = {rank: diagnose.death(template.ended(self._pids[rank])) for rank in dead}
+        causes = {rank: diagnose.death(template.ended(self._pids[rank]),
+                                     diagnose.fatal_where(self._stack_file(rank)))
+                  for rank in dead}
         if len(set(causes.values())) == 1:
             reason = (f"the engine of {plural(len(dead), 'rank')} "
                       f"{', '.join(map(str, dead))} {causes[dead[0]]}")

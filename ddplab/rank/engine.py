@@ -89,6 +89,9 @@ def _watch_stack(stack_file: str, kernel_path: list[str]) -> None:
     sys.path.extend(p for p in kernel_path if p not in sys.path)
     stack = open(stack_file, "w")
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
+    # A fatal signal (gloo aborts on a message that does not fit its buffer) writes
+    # the stacks there too: the kernel then says which call the rank died in.
+    faulthandler.enable(file=stack, all_threads=True)
     _state["stack_file"] = stack
     # Which collective this rank is in, for a hang report: torch's flight
     # recorder for the groups made from now on, read on the kernel's request.
