@@ -32,18 +32,20 @@ Times in ``tr.events`` are seconds since the trace started.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import ConfigError, DdplabError
+from .errors import ConfigError, DdplabError, HangError
 from .rank import trace as _rank
 from .rank.trace import region
 
 __all__ = ["Event", "Trace", "last", "region", "uneven_work"]
 _last: Trace | None = None
 _recording: dict[int, Trace] = {}      # id(lab) -> its trace that is recording now
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class Event:
     match: int | None = None       # p2p: index of the matching send/recv
     tag: int = 0
     error: str | None = None
+    open: bool = False             # still in the call when the trace was read (a hang):
+                                   # ``end`` is then when it was read, not when it returned
 
     @property
     def duration(self) -> float:
@@ -102,6 +106,8 @@ class Trace:
         self.t0 = 0.0
         self.running = False
         self.complete = False
+        self.hung = False              # read after a hang (``salvage``): open calls are stuck
+        self._over: dict[int, float] | None = None
 
     # ---------------------------------------------------------------- recording
     def start(self) -> Trace:
@@ -143,10 +149,34 @@ class Trace:
         if exc is None:
             self.stop()
             return
-        try:                      # a cell failed: keep what the ranks recorded, if they can say
-            self.stop()
-        except DdplabError:       # the ranks are stuck (HangError): the lab says how to recover
-            pass
+        if not isinstance(exc, HangError):
+            try:                  # a cell failed: keep what the ranks recorded, if they can say
+                self.stop()
+                return
+            except DdplabError:   # the ranks are stuck: read them as after a hang
+                log.debug("trace: the ranks cannot stop it; reading what they recorded",
+                          exc_info=True)
+        self.salvage()
+
+    def salvage(self) -> Trace:
+        """After a hang: keep what each rank recorded up to it, the stuck calls open-ended.
+
+        A stuck rank's main thread cannot run the kernel's ``stop``; a thread of the
+        rank answers instead (``lab.engines.recorded``, the side channel the flight
+        recorder uses). Ranks that cannot answer (another host) are left out and the
+        trace says it is incomplete. Recording goes on on the ranks until ``lab.restart()``.
+        """
+        global _last
+        self.running = False
+        _recording.pop(id(self.lab), None)
+        answers = self.lab.engines.recorded(self.ranks, time.monotonic() + 5)
+        empty = {"events": [], "compute": [], "recorded": False}
+        results = {r: answers.get(r) or empty for r in self.ranks}
+        self._build(results)
+        self.complete = all(results[r]["recorded"] for r in self.ranks)
+        self.hung = True
+        _last = self
+        return self
 
     # ---------------------------------------------------------------- the data
     def _build(self, results: dict[int, dict]) -> None:
@@ -166,6 +196,7 @@ class Trace:
             compute += [dict(c, rank=rank, start=c["start"] - shift, end=c["end"] - shift)
                         for c in results[rank]["compute"]]
         _analyse(rows)
+        self._over = None
         self.events = [_event(i, row) for i, row in enumerate(rows)]
         self.compute = sorted((_event(-1, c) for c in compute), key=lambda e: (e.rank, e.start))
 
@@ -228,8 +259,12 @@ class Trace:
         wait on it, else when its call returned."""
         if event.done is not None:
             return event.done
-        waits = [w.end for w in self._require() if w.kind == "wait" and w.of == event.index]
-        return min(waits) if waits else event.end
+        if self._over is None:            # once: per op, the end of its first wait
+            self._over = {}
+            for w in self._require():
+                if w.kind == "wait" and w.of is not None:
+                    self._over[w.of] = min(w.end, self._over.get(w.of, w.end))
+        return self._over.get(event.index, event.end) if event.index >= 0 else event.end
 
     # ---------------------------------------------------------------- the forms
     def summary(self) -> str:
@@ -244,7 +279,7 @@ class Trace:
     def _repr_html_(self) -> str | None:
         if self.events is None:
             return None
-        from .timeline import html
+        from .timeline_bins import html
         return html(self)
 
     def to_chrome(self) -> dict:
@@ -275,7 +310,7 @@ class Zoom:
         return summary(self.trace, keep=self.keeps)
 
     def _repr_html_(self) -> str:
-        from .timeline import html
+        from .timeline_bins import html
         return html(self.trace, keep=self.keeps)
 
 
