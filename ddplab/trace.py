@@ -34,8 +34,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import defaultdict
-from dataclasses import asdict, dataclass
+from collections import defaultdict, deque
+from dataclasses import MISSING, asdict, dataclass
 from typing import Any
 
 from .errors import ConfigError, DdplabError, HangError
@@ -334,13 +334,30 @@ def _measure_offsets(lab: Any, ranks: list[int], rounds: int = 5) -> dict[int, C
             for r, (offset, trip) in best.items()}
 
 
+_FIELDS = frozenset(Event.__dataclass_fields__)
+_DEFAULTS = {name: f.default for name, f in Event.__dataclass_fields__.items()
+             if f.default is not MISSING}
+
+
 def _event(index: int, row: dict) -> Event:
-    known = Event.__dataclass_fields__
-    row = {k: v for k, v in row.items() if k in known}
-    row.setdefault("end", row["start"])
-    if row.get("group") is not None:
-        row["group"] = tuple(row["group"])
-    return Event(index=index, **{k: v for k, v in row.items() if k != "index"})
+    """``row`` as an Event, its unknown keys dropped.
+
+    Filled in place of ``Event(**row)``: a frozen dataclass's ``__init__`` sets each of
+    its 20 fields through ``object.__setattr__``, which made building a 200k-op trace
+    take seconds; this is one dict update per event, the same Event (frozen after).
+    """
+    values = dict(_DEFAULTS)
+    values.update(row)
+    for key in values.keys() - _FIELDS:
+        del values[key]
+    values["index"] = index
+    if values.get("end") is None:
+        values["end"] = values["start"]
+    if values["group"] is not None:
+        values["group"] = tuple(values["group"])
+    event = object.__new__(Event)
+    event.__dict__.update(values)
+    return event
 
 
 def _group_key(event: dict | Event) -> Any:
@@ -348,8 +365,9 @@ def _group_key(event: dict | Event) -> Any:
     return None if group is None else tuple(group)
 
 
-def _instances(events: list) -> list[list]:
-    """Collectives matched across ranks: the k-th on a group on each rank belong together."""
+def _instances(events: list, ordered: bool = True) -> list[list]:
+    """Collectives matched across ranks: the k-th on a group on each rank belong together;
+    ``ordered``: sorted by when the first rank began each one."""
     per_rank: dict[tuple, list] = defaultdict(list)
     for e in events:
         kind = e["kind"] if isinstance(e, dict) else e.kind
@@ -360,13 +378,15 @@ def _instances(events: list) -> list[list]:
     for (group, _), items in per_rank.items():
         for k, e in enumerate(items):
             grouped[(group, k)].append(e)
+    if not ordered:
+        return list(grouped.values())
     start = (lambda e: e["start"]) if events and isinstance(events[0], dict) else (lambda e: e.start)
     return sorted(grouped.values(), key=lambda inst: min(start(e) for e in inst))
 
 
 def _analyse(rows: list[dict]) -> None:
     """Match sends to recvs, collectives across ranks, and work out who waited how long."""
-    queues: dict[tuple, list[int]] = defaultdict(list)
+    queues: dict[tuple, deque[int]] = defaultdict(deque)
     for i, row in enumerate(rows):
         if row["op"] in ("send", "isend", "send_object_list") and row.get("peer") is not None:
             queues[("s", row["rank"], row["peer"], _group_key(row), row.get("tag", 0))].append(i)
@@ -374,7 +394,7 @@ def _analyse(rows: list[dict]) -> None:
         if row["op"] in ("recv", "irecv", "recv_object_list") and row.get("peer") is not None:
             queue = queues.get(("s", row["peer"], row["rank"], _group_key(row), row.get("tag", 0)))
             if queue:
-                j = queue.pop(0)
+                j = queue.popleft()
                 row["match"], rows[j]["match"] = j, i
     for row in rows:
         span = row["end"] - row["start"]
@@ -383,7 +403,7 @@ def _analyse(rows: list[dict]) -> None:
         elif row["kind"] == "p2p" and row.get("blocking") and row.get("match") is not None:
             other = rows[row["match"]]
             row["waited"] = min(max(other["start"] - row["start"], 0.0), span)
-    for instance in _instances(rows):
+    for instance in _instances(rows, ordered=False):
         arrived = max(e["start"] for e in instance)
         for e in instance:
             if e.get("blocking"):
