@@ -213,8 +213,15 @@ def checkpoint_once(lab: Any = None) -> None:
     compare("torch.save calls per rank", [1] + [0] * (len(saves) - 1), saves,
             hint="every rank holds the same weights: write them once, on rank 0 "
                  "(`if rank == 0:`), or the ranks write one file over each other.")
-    got = run_student_code("load_checkpoint(path)", _load, path, lab=lab, timeout=TIMEOUT,
-                           hint="")
+    try:
+        got = run_student_code("load_checkpoint(path)", _load, path, lab=lab, timeout=TIMEOUT,
+                               hint="")
+    except AssertionError as exc:
+        if 'Unexpected key(s) in state_dict: "module.' in str(exc):
+            raise AssertionError(
+                "load_checkpoint(path): the saved keys start with 'module.' (DDP's own state_dict), "
+                "and the plain SmallCNN refuses them. Save ddp_model.module.state_dict().") from None
+        raise
     compare("load_checkpoint(path) gives the saved weights in a plain SmallCNN",
             ["ok"] * len(got), got,
             hint="save ddp_model.module.state_dict(): DDP's own keys start with 'module.'.")
