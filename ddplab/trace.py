@@ -184,10 +184,11 @@ class Trace:
         for rank in self.ranks:
             shift = self.t0 + self.clock[rank].offset
             base = len(rows)
-            for item in results[rank]["events"]:
+            for item in results[rank]["events"]:     # fresh from the rank: changed in place
                 # The lab's rank number: a bare rank may not have joined a group yet.
-                item = dict(item, rank=rank)
-                for key in ("start", "end", "done"):
+                item["rank"] = rank
+                item["start"] -= shift
+                for key in ("end", "done"):
                     if item.get(key) is not None:
                         item[key] -= shift
                 if item.get("of") is not None:
@@ -356,7 +357,7 @@ def _event(index: int, row: dict) -> Event:
     if values["group"] is not None:
         values["group"] = tuple(values["group"])
     event = object.__new__(Event)
-    event.__dict__.update(values)
+    object.__setattr__(event, "__dict__", values)
     return event
 
 
@@ -369,11 +370,15 @@ def _instances(events: list, ordered: bool = True) -> list[list]:
     """Collectives matched across ranks: the k-th on a group on each rank belong together;
     ``ordered``: sorted by when the first rank began each one."""
     per_rank: dict[tuple, list] = defaultdict(list)
-    for e in events:
-        kind = e["kind"] if isinstance(e, dict) else e.kind
-        if kind == "collective":
-            rank = e["rank"] if isinstance(e, dict) else e.rank
-            per_rank[(_group_key(e), rank)].append(e)
+    if events and isinstance(events[0], dict):       # the rows of _analyse: one test, not one per row
+        for e in events:
+            if e["kind"] == "collective":
+                group = e["group"]
+                per_rank[(None if group is None else tuple(group), e["rank"])].append(e)
+    else:
+        for e in events:
+            if e.kind == "collective":
+                per_rank[(_group_key(e), e.rank)].append(e)
     grouped: dict[tuple, list] = defaultdict(list)
     for (group, _), items in per_rank.items():
         for k, e in enumerate(items):
