@@ -22,9 +22,20 @@ from typing import Any
 from .text import plural
 
 WIDTH, LEFT, RIGHT, ROW, FLIGHT = 920, 64, 16, 18, 7
-MAX_DRAWN = 4000
+#: More operations than this are drawn aggregated: a screen has ~840 pixels of time per
+#: lane, so beyond a few thousand boxes most are under a pixel wide and the browser
+#: (and the kernel building the SVG) does work nobody sees.
+MAX_DRAWN = 2000
+#: Width in pixels of one bin of an aggregated lane.
+BIN_PX = 2
 COLOURS = {"p2p": "#4e79a7", "collective": "#f28e2b", "torch": "#b07aa1", "wait": "#e15759",
            "setup": "#59a14f", "compute": "#d4cfcb"}
+DEFS = ('<defs><pattern id="ddplab-wait" width="6" height="6" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)"><rect width="6" height="6" fill="#ffffff" fill-opacity="0.35"/>'
+        '<line x1="0" y1="0" x2="0" y2="6" stroke="#7a0000" stroke-width="2.5" stroke-opacity="0.55"/>'
+        '</pattern><marker id="ddplab-arrow" viewBox="0 0 10 10" refX="9" refY="5" '
+        'markerWidth="6" markerHeight="6" orient="auto-start-reverse">'
+        '<path d="M 0 0 L 10 5 L 0 10 z" fill="#2f4b7c"/></marker></defs>')
 LEGEND = [("p2p", "send / recv"), ("collective", "collective"),
           ("torch", "issued by torch (DDP)"), ("wait", "wait()"), ("setup", "init / destroy"),
           ("compute", "backward / region"), ("hatch", "waiting for another rank")]
@@ -74,6 +85,8 @@ def op_text(event: Any, events: list | None = None, brief: bool = False) -> str:
         details.append("by torch")
     if event.error:
         details.append(f"raised {event.error}")
+    if getattr(event, "open", False):
+        details.append("stuck in it")
     return words + (f" ({', '.join(details)})" if details else "")
 
 
@@ -104,6 +117,7 @@ def summary(trace: Any, width: int = 96, keep: Any = None) -> str:
     lines = [f"trace of {plural(len(trace.ranks), 'rank')} "
              f"{', '.join(map(str, trace.ranks))}: {len(events)} operations"
              + ("" if keep is None else " in the part shown")
+             + (" up to a hang" if getattr(trace, "hung", False) else "")
              + ("" if trace.complete else " (incomplete: some ranks could not report)")]
     for rank in trace.ranks:
         items = sorted([e for e in events if e.rank == rank]
@@ -126,7 +140,7 @@ def summary(trace: Any, width: int = 96, keep: Any = None) -> str:
 
 
 # ---------------------------------------------------------------- the picture
-def _ticks(low: float, high: float, count: int = 8) -> list[float]:
+def ticks(low: float, high: float, count: int = 8) -> list[float]:
     span = max(high - low, 1e-9)
     raw = span / count
     step = 10 ** math.floor(math.log10(raw))
@@ -135,7 +149,7 @@ def _ticks(low: float, high: float, count: int = 8) -> list[float]:
     return [first + i * step for i in range(int((high - first) / step) + 1)]
 
 
-def _colour(event: Any) -> str:
+def colour(event: Any) -> str:
     if event.source == "torch":
         return COLOURS["torch"]
     return COLOURS.get(event.kind, "#888")
@@ -150,6 +164,8 @@ def _tip(event: Any, trace: Any) -> str:
         parts.append(f"complete by {seconds(trace.over(event))} after the trace started")
     if event.site:
         parts.append(event.site)
+    if getattr(event, "open", False):
+        parts.append("still in it when the trace was read (the hang)")
     return _html.escape(" · ".join(parts))
 
 
@@ -172,9 +188,13 @@ def _kept(items: list, keep: Any) -> list:
 
 
 def svg(trace: Any, keep: Any = None) -> str:
-    """The picture; ``keep(event)`` picks the events to draw (``tr.zoom``)."""
-    events = _kept(trace.events, keep)[:MAX_DRAWN]
-    compute = _kept(trace.compute, keep)[:MAX_DRAWN]
+    """The picture; ``keep(event)`` picks the events to draw (``tr.zoom``).
+
+    Every operation gets a box: for up to ``MAX_DRAWN`` of them (``ddplab.timeline_bins``
+    draws bigger traces aggregated, and chooses).
+    """
+    events = _kept(trace.events, keep)
+    compute = _kept(trace.compute, keep)
     everything = events + compute
     if not everything:
         return ('<svg xmlns="http://www.w3.org/2000/svg" width="300" height="30">'
@@ -200,21 +220,16 @@ def svg(trace: Any, keep: Any = None) -> str:
     height = top + 70
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
            f'font-family="sans-serif" font-size="11">',
-           '<defs><pattern id="ddplab-wait" width="6" height="6" patternUnits="userSpaceOnUse" '
-           'patternTransform="rotate(45)"><rect width="6" height="6" fill="#ffffff" fill-opacity="0.35"/>'
-           '<line x1="0" y1="0" x2="0" y2="6" stroke="#7a0000" stroke-width="2.5" stroke-opacity="0.55"/>'
-           '</pattern><marker id="ddplab-arrow" viewBox="0 0 10 10" refX="9" refY="5" '
-           'markerWidth="6" markerHeight="6" orient="auto-start-reverse">'
-           '<path d="M 0 0 L 10 5 L 0 10 z" fill="#2f4b7c"/></marker></defs>',
+           DEFS,
            f'<rect width="{WIDTH}" height="{height}" fill="#ffffff"/>']
     for i, r in enumerate(trace.ranks):
         shade = "#f7f7f7" if i % 2 else "#ffffff"
         out.append(f'<rect x="0" y="{lane_y[r]}" width="{WIDTH}" height="{lane_h[r]}" fill="{shade}"/>'
                    f'<text x="6" y="{call_y[r] + 13}" font-weight="bold">rank {r}</text>')
-    for t in _ticks(low, high):
+    for t in ticks(low, high):
         out.append(f'<line x1="{x(t):.1f}" y1="18" x2="{x(t):.1f}" y2="{top}" stroke="#e4e4e4"/>'
                    f'<text x="{x(t):.1f}" y="{top + 14}" text-anchor="middle" fill="#555">'
-                   f'{_tick_label(t, high - low)}</text>')
+                   f'{tick_label(t, high - low)}</text>')
     out.append(f'<text x="{LEFT}" y="12" fill="#555">time since the trace started →</text>')
     for instance in trace.collectives():            # every rank inside the collective together
         if not all(e.index in drawn for e in instance):
@@ -228,21 +243,25 @@ def svg(trace: Any, keep: Any = None) -> str:
                    f'height="{y1 - y0}" fill="{COLOURS["collective"]}" fill-opacity="0.16">'
                    f'<title>{_html.escape(instance[0].op)}: all {len(ranks)} ranks inside</title></rect>')
     for c in compute:
-        out.append(_box(x(c.start), x(c.end), call_y[c.rank], ROW, COLOURS["compute"], _tip(c, trace))
+        out.append(box(x(c.start), x(c.end), call_y[c.rank], ROW, COLOURS["compute"], _tip(c, trace))
                    + _label(x(c.start), x(c.end), call_y[c.rank], ROW, c.op))
+        if c.open:
+            out.append(stuck_mark(x(c.end), WIDTH - RIGHT, call_y[c.rank], ROW))
     for e in events:
         if e.blocking or e.kind == "wait":
-            out.append(_box(x(e.start), x(e.end), call_y[e.rank], ROW, _colour(e), _tip(e, trace)))
+            out.append(box(x(e.start), x(e.end), call_y[e.rank], ROW, colour(e), _tip(e, trace)))
             if e.waited > 0:
-                out.append(_box(x(e.start), x(e.start + e.waited), call_y[e.rank], ROW,
+                out.append(box(x(e.start), x(e.start + e.waited), call_y[e.rank], ROW,
                                 "url(#ddplab-wait)", _tip(e, trace)))
             out.append(_label(x(e.start), x(e.end), call_y[e.rank], ROW, e.op))
+            if e.open:
+                out.append(stuck_mark(x(e.end), WIDTH - RIGHT, call_y[e.rank], ROW))
         else:                                        # the call itself: a tick on the calls row
-            out.append(_box(x(e.start), x(e.end), call_y[e.rank], ROW, _colour(e), _tip(e, trace)))
+            out.append(box(x(e.start), x(e.end), call_y[e.rank], ROW, colour(e), _tip(e, trace)))
     for r in trace.ranks:
         for row, e in flights[r]:
             y = call_y[r] + ROW + 4 + row * (FLIGHT + 3)
-            out.append(_box(x(e.start), x(trace.over(e)), y, FLIGHT, _colour(e),
+            out.append(box(x(e.start), x(trace.over(e)), y, FLIGHT, colour(e),
                             _tip(e, trace), opacity=0.7))
     for e in events:                                 # arrows: send -> its recv
         if e.match is None or "send" not in e.op:
@@ -256,15 +275,21 @@ def svg(trace: Any, keep: Any = None) -> str:
         out.append(f'<line x1="{x0:.1f}" y1="{y0}" x2="{x1:.1f}" y2="{y1}" stroke="#2f4b7c" '
                    f'stroke-width="1.5" marker-end="url(#ddplab-arrow)"><title>'
                    f'{_html.escape(op_text(e))} → rank {recv.rank}</title></line>')
-    out.append(_legend(top + 36))
-    if len(_kept(trace.events, keep)) > MAX_DRAWN:
-        out.append(f'<text x="{LEFT}" y="{height - 4}" fill="#a00">drawn: the first {MAX_DRAWN} of '
-                   f'{len(trace.events)} operations (all are in tr.events and tr.save())</text>')
+    out.append(legend(top + 36))
     out.append("</svg>")
     return "".join(out)
 
 
-def _tick_label(t: float, span: float) -> str:
+def stuck_mark(x0: float, x1: float, y: float, h: float) -> str:
+    """An open end: the call had not returned when the trace was read (a hang)."""
+    mid = y + h / 2
+    return (f'<line x1="{x0:.1f}" y1="{mid:.1f}" x2="{x1:.1f}" y2="{mid:.1f}" stroke="#a00" '
+            f'stroke-width="2" stroke-dasharray="4 3" marker-end="url(#ddplab-arrow)">'
+            f'<title>still in this call when the hang was reported</title></line>'
+            f'<text x="{x0 + 4:.1f}" y="{y - 2:.1f}" fill="#a00">stuck →</text>')
+
+
+def tick_label(t: float, span: float) -> str:
     if span >= 2:
         return f"{t:.1f} s" if span < 20 else f"{t:.0f} s"
     if span >= 2e-3:
@@ -272,7 +297,7 @@ def _tick_label(t: float, span: float) -> str:
     return f"{t * 1e6:.0f} µs"
 
 
-def _box(x0: float, x1: float, y: float, h: float, fill: str, tip: str,
+def box(x0: float, x1: float, y: float, h: float, fill: str, tip: str,
          opacity: float = 1.0) -> str:
     return (f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(x1 - x0, 1.0):.1f}" height="{h}" '
             f'fill="{fill}" fill-opacity="{opacity}" stroke="#ffffff" stroke-width="0.5">'
@@ -288,7 +313,7 @@ def _label(x0: float, x1: float, y: float, h: float, text: str) -> str:
             f'stroke-width="2.5">{_html.escape(text)}</text>')
 
 
-def _legend(y: float) -> str:
+def legend(y: float) -> str:
     parts, x = [], LEFT
     for key, words in LEGEND:
         fill = "url(#ddplab-wait)" if key == "hatch" else COLOURS[key]
@@ -302,7 +327,8 @@ def _legend(y: float) -> str:
     return "".join(parts)
 
 
-def html(trace: Any, keep: Any = None) -> str:
-    """The SVG in a scrolling box, between markers the nbval sanitize file blanks."""
+def html(trace: Any, keep: Any = None, picture: str | None = None) -> str:
+    """The SVG (``picture``, else ``svg``'s) in a scrolling box, between markers the nbval
+    sanitize file blanks."""
     return ('<!-- ddplab-trace --><div class="ddplab-trace" style="overflow-x:auto">'
-            + svg(trace, keep) + "</div><!-- /ddplab-trace -->")
+            + (svg(trace, keep) if picture is None else picture) + "</div><!-- /ddplab-trace -->")

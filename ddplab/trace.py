@@ -32,18 +32,20 @@ Times in ``tr.events`` are seconds since the trace started.
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections import defaultdict
-from dataclasses import asdict, dataclass
+from collections import defaultdict, deque
+from dataclasses import MISSING, dataclass
 from typing import Any
 
-from .errors import ConfigError, DdplabError
+from .errors import ConfigError, DdplabError, HangError
 from .rank import trace as _rank
 from .rank.trace import region
 
 __all__ = ["Event", "Trace", "last", "region", "uneven_work"]
 _last: Trace | None = None
 _recording: dict[int, Trace] = {}      # id(lab) -> its trace that is recording now
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class Event:
     match: int | None = None       # p2p: index of the matching send/recv
     tag: int = 0
     error: str | None = None
+    open: bool = False             # still in the call when the trace was read (a hang):
+                                   # ``end`` is then when it was read, not when it returned
 
     @property
     def duration(self) -> float:
@@ -102,6 +106,8 @@ class Trace:
         self.t0 = 0.0
         self.running = False
         self.complete = False
+        self.hung = False              # read after a hang (``salvage``): open calls are stuck
+        self._over: dict[int, float] | None = None
 
     # ---------------------------------------------------------------- recording
     def start(self) -> Trace:
@@ -143,10 +149,34 @@ class Trace:
         if exc is None:
             self.stop()
             return
-        try:                      # a cell failed: keep what the ranks recorded, if they can say
-            self.stop()
-        except DdplabError:       # the ranks are stuck (HangError): the lab says how to recover
-            pass
+        if not isinstance(exc, HangError):
+            try:                  # a cell failed: keep what the ranks recorded, if they can say
+                self.stop()
+                return
+            except DdplabError:   # the ranks are stuck: read them as after a hang
+                log.debug("trace: the ranks cannot stop it; reading what they recorded",
+                          exc_info=True)
+        self.salvage()
+
+    def salvage(self) -> Trace:
+        """After a hang: keep what each rank recorded up to it, the stuck calls open-ended.
+
+        A stuck rank's main thread cannot run the kernel's ``stop``; a thread of the
+        rank answers instead (``lab.engines.recorded``, the side channel the flight
+        recorder uses). Ranks that cannot answer (another host) are left out and the
+        trace says it is incomplete. Recording goes on on the ranks until ``lab.restart()``.
+        """
+        global _last
+        self.running = False
+        _recording.pop(id(self.lab), None)
+        answers = self.lab.engines.recorded(self.ranks, time.monotonic() + 5)
+        empty = {"events": [], "compute": [], "recorded": False}
+        results = {r: answers.get(r) or empty for r in self.ranks}
+        self._build(results)
+        self.complete = all(results[r]["recorded"] for r in self.ranks)
+        self.hung = True
+        _last = self
+        return self
 
     # ---------------------------------------------------------------- the data
     def _build(self, results: dict[int, dict]) -> None:
@@ -154,10 +184,11 @@ class Trace:
         for rank in self.ranks:
             shift = self.t0 + self.clock[rank].offset
             base = len(rows)
-            for item in results[rank]["events"]:
+            for item in results[rank]["events"]:     # fresh from the rank: changed in place
                 # The lab's rank number: a bare rank may not have joined a group yet.
-                item = dict(item, rank=rank)
-                for key in ("start", "end", "done"):
+                item["rank"] = rank
+                item["start"] -= shift
+                for key in ("end", "done"):
                     if item.get(key) is not None:
                         item[key] -= shift
                 if item.get("of") is not None:
@@ -166,6 +197,7 @@ class Trace:
             compute += [dict(c, rank=rank, start=c["start"] - shift, end=c["end"] - shift)
                         for c in results[rank]["compute"]]
         _analyse(rows)
+        self._over = None
         self.events = [_event(i, row) for i, row in enumerate(rows)]
         self.compute = sorted((_event(-1, c) for c in compute), key=lambda e: (e.rank, e.start))
 
@@ -228,8 +260,12 @@ class Trace:
         wait on it, else when its call returned."""
         if event.done is not None:
             return event.done
-        waits = [w.end for w in self._require() if w.kind == "wait" and w.of == event.index]
-        return min(waits) if waits else event.end
+        if self._over is None:            # once: per op, the end of its first wait
+            self._over = {}
+            for w in self._require():
+                if w.kind == "wait" and w.of is not None:
+                    self._over[w.of] = min(w.end, self._over.get(w.of, w.end))
+        return self._over.get(event.index, event.end) if event.index >= 0 else event.end
 
     # ---------------------------------------------------------------- the forms
     def summary(self) -> str:
@@ -244,12 +280,13 @@ class Trace:
     def _repr_html_(self) -> str | None:
         if self.events is None:
             return None
-        from .timeline import html
+        from .timeline_bins import html
         return html(self)
 
     def to_chrome(self) -> dict:
         """The trace in Chrome's trace-event format (what Perfetto and chrome://tracing read)."""
-        return _chrome(self)
+        from .trace_chrome import chrome
+        return chrome(self)
 
     def save(self, path: str) -> str:
         """Write the Chrome/Perfetto trace-event JSON to ``path``; returns the path."""
@@ -275,7 +312,7 @@ class Zoom:
         return summary(self.trace, keep=self.keeps)
 
     def _repr_html_(self) -> str:
-        from .timeline import html
+        from .timeline_bins import html
         return html(self.trace, keep=self.keeps)
 
 
@@ -299,13 +336,30 @@ def _measure_offsets(lab: Any, ranks: list[int], rounds: int = 5) -> dict[int, C
             for r, (offset, trip) in best.items()}
 
 
+_FIELDS = frozenset(Event.__dataclass_fields__)
+_DEFAULTS = {name: f.default for name, f in Event.__dataclass_fields__.items()
+             if f.default is not MISSING}
+
+
 def _event(index: int, row: dict) -> Event:
-    known = Event.__dataclass_fields__
-    row = {k: v for k, v in row.items() if k in known}
-    row.setdefault("end", row["start"])
-    if row.get("group") is not None:
-        row["group"] = tuple(row["group"])
-    return Event(index=index, **{k: v for k, v in row.items() if k != "index"})
+    """``row`` as an Event, its unknown keys dropped.
+
+    Filled in place of ``Event(**row)``: a frozen dataclass's ``__init__`` sets each of
+    its 20 fields through ``object.__setattr__``, which made building a 200k-op trace
+    take seconds; this is one dict update per event, the same Event (frozen after).
+    """
+    values = dict(_DEFAULTS)
+    values.update(row)
+    for key in values.keys() - _FIELDS:
+        del values[key]
+    values["index"] = index
+    if values.get("end") is None:
+        values["end"] = values["start"]
+    if values["group"] is not None:
+        values["group"] = tuple(values["group"])
+    event = object.__new__(Event)
+    object.__setattr__(event, "__dict__", values)
+    return event
 
 
 def _group_key(event: dict | Event) -> Any:
@@ -313,25 +367,32 @@ def _group_key(event: dict | Event) -> Any:
     return None if group is None else tuple(group)
 
 
-def _instances(events: list) -> list[list]:
-    """Collectives matched across ranks: the k-th on a group on each rank belong together."""
+def _instances(events: list, ordered: bool = True) -> list[list]:
+    """Collectives matched across ranks: the k-th on a group on each rank belong together;
+    ``ordered``: sorted by when the first rank began each one."""
     per_rank: dict[tuple, list] = defaultdict(list)
-    for e in events:
-        kind = e["kind"] if isinstance(e, dict) else e.kind
-        if kind == "collective":
-            rank = e["rank"] if isinstance(e, dict) else e.rank
-            per_rank[(_group_key(e), rank)].append(e)
+    if events and isinstance(events[0], dict):       # the rows of _analyse: one test, not one per row
+        for e in events:
+            if e["kind"] == "collective":
+                group = e["group"]
+                per_rank[(None if group is None else tuple(group), e["rank"])].append(e)
+    else:
+        for e in events:
+            if e.kind == "collective":
+                per_rank[(_group_key(e), e.rank)].append(e)
     grouped: dict[tuple, list] = defaultdict(list)
     for (group, _), items in per_rank.items():
         for k, e in enumerate(items):
             grouped[(group, k)].append(e)
+    if not ordered:
+        return list(grouped.values())
     start = (lambda e: e["start"]) if events and isinstance(events[0], dict) else (lambda e: e.start)
     return sorted(grouped.values(), key=lambda inst: min(start(e) for e in inst))
 
 
 def _analyse(rows: list[dict]) -> None:
     """Match sends to recvs, collectives across ranks, and work out who waited how long."""
-    queues: dict[tuple, list[int]] = defaultdict(list)
+    queues: dict[tuple, deque[int]] = defaultdict(deque)
     for i, row in enumerate(rows):
         if row["op"] in ("send", "isend", "send_object_list") and row.get("peer") is not None:
             queues[("s", row["rank"], row["peer"], _group_key(row), row.get("tag", 0))].append(i)
@@ -339,7 +400,7 @@ def _analyse(rows: list[dict]) -> None:
         if row["op"] in ("recv", "irecv", "recv_object_list") and row.get("peer") is not None:
             queue = queues.get(("s", row["peer"], row["rank"], _group_key(row), row.get("tag", 0)))
             if queue:
-                j = queue.pop(0)
+                j = queue.popleft()
                 row["match"], rows[j]["match"] = j, i
     for row in rows:
         span = row["end"] - row["start"]
@@ -348,47 +409,11 @@ def _analyse(rows: list[dict]) -> None:
         elif row["kind"] == "p2p" and row.get("blocking") and row.get("match") is not None:
             other = rows[row["match"]]
             row["waited"] = min(max(other["start"] - row["start"], 0.0), span)
-    for instance in _instances(rows):
+    for instance in _instances(rows, ordered=False):
         arrived = max(e["start"] for e in instance)
         for e in instance:
             if e.get("blocking"):
                 e["waited"] = min(max(arrived - e["start"], 0.0), e["end"] - e["start"])
-
-
-def _chrome(trace: Trace) -> dict:
-    """Chrome trace-event JSON: one process per rank, threads for calls and async ops."""
-    def us(seconds):
-        return round(seconds * 1e6, 3)
-    out: list[dict] = []
-    for rank in trace.ranks:
-        out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-                    "args": {"name": f"rank {rank}"}})
-        out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
-                    "args": {"sort_index": rank}})
-        for tid, name in ((0, "calls"), (1, "in flight (async)")):
-            out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
-                        "args": {"name": name}})
-    for e in trace._require() + trace.compute:
-        args = {k: v for k, v in asdict(e).items()
-                if k not in ("rank", "op", "start", "end", "kind") and v not in (None, 0, 0.0)}
-        out.append({"name": e.op, "cat": e.kind, "ph": "X", "pid": e.rank, "tid": 0,
-                    "ts": us(e.start), "dur": us(max(e.duration, 0.0)), "args": args})
-        if not e.blocking and e.kind != "compute":
-            out.append({"name": f"{e.op} in flight", "cat": "async", "ph": "X", "pid": e.rank,
-                        "tid": 1, "ts": us(e.start),
-                        "dur": us(max(trace.over(e) - e.start, 0.0)), "args": args})
-    flow = 0
-    for e in trace.events:
-        if e.op in ("send", "isend", "send_object_list") and e.match is not None:
-            r = trace.events[e.match]
-            flow += 1
-            out.append({"name": f"{e.op} {e.rank}->{r.rank}", "cat": "p2p", "ph": "s", "id": flow,
-                        "pid": e.rank, "tid": 0, "ts": us(e.start)})
-            out.append({"name": f"{e.op} {e.rank}->{r.rank}", "cat": "p2p", "ph": "f", "bp": "e",
-                        "id": flow, "pid": r.rank, "tid": 0, "ts": us(r.start)})
-    return {"traceEvents": out, "displayTimeUnit": "ms",
-            "otherData": {"tool": "ddplab", "clock": {r: asdict(c) for r, c in trace.clock.items()},
-                          "t0_unix_s": trace.t0}}
 
 
 def uneven_work(seconds: dict | None = None, seed: int = 0) -> float:

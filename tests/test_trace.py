@@ -365,3 +365,59 @@ def test_a_bare_lab_traces_the_students_own_init_process_group():
         assert tr.find("init_process_group", rank=1)[0].site == "cell line 2"
     finally:
         lab.stop()
+
+
+def _one_rank_skips_the_last_all_reduce():
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(3)
+    for _ in range(3):
+        dist.all_reduce(t)
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)             # rank 1 never calls it: rank 0 is stuck here
+
+
+def test_a_hang_inside_a_trace_keeps_what_was_recorded(fresh_lab):
+    with pytest.raises(ddplab.HangError):
+        with fresh_lab.trace() as tr:
+            fresh_lab.run(_one_rank_skips_the_last_all_reduce, timeout=3)
+    assert tr.events is not None and tr.hung and not tr.running
+    assert [len(tr.find("all_reduce", rank=r)) for r in (0, 1)] == [4, 3]
+    stuck = [e for e in tr.events if e.open]
+    assert [(e.rank, e.op) for e in stuck] == [(0, "all_reduce")]
+    assert stuck[0].site and "_one_rank_skips_the_last_all_reduce" in stuck[0].site
+    assert all(not e.open for e in tr.find("all_reduce", rank=1))
+    assert "up to a hang" in repr(tr) and "stuck in it" in repr(tr)
+    assert "stuck →" in tr._repr_html_()
+    assert ddplab.trace.last() is tr
+    fresh_lab.restart()
+
+
+def _synthetic_trace(n: int):
+    """A Trace of ``n`` small all_reduces per rank, as ``stop`` would build it (no ranks)."""
+    from ddplab.trace import Clock, Trace
+    tr = Trace.__new__(Trace)
+    tr.ranks, tr.t0, tr.clock, tr.running, tr.complete, tr.hung = [0, 1], 0.0, {}, False, True, False
+    tr.clock = {0: Clock(), 1: Clock()}
+    results = {}
+    for rank in (0, 1):
+        events = [{"op": "all_reduce", "kind": "collective", "start": i * 1e-4 + rank * 1e-5,
+                   "end": i * 1e-4 + 5e-5, "nbytes": 4, "group": None, "source": "call",
+                   "blocking": True, "site": "cell line 2"} for i in range(n)]
+        results[rank] = {"events": events, "compute": [], "recorded": True}
+    tr._build(results)
+    return tr
+
+
+def test_the_picture_of_a_100k_event_trace_is_aggregated_into_bins():
+    from ddplab import timeline
+    tr = _synthetic_trace(50_000)              # 2 ranks: 100k events
+    assert len(tr.events) == 100_000
+    page = tr._repr_html_()
+    bins = page.count(f'width="{timeline.BIN_PX}" height="{timeline.ROW}"')
+    lanes = (timeline.WIDTH - timeline.LEFT - timeline.RIGHT) // timeline.BIN_PX
+    assert 0 < bins <= 2 * lanes                 # at most one box per bin per rank, not 100k
+    assert "100000 operations" in page and "all_reduce ×" in page
+    assert "waiting for another rank" in page    # the waits are still counted per bin
+    small = _synthetic_trace(10)                 # a small trace keeps a box per op
+    assert small._repr_html_().count("<title>rank ") >= 20

@@ -20,6 +20,7 @@ from . import (
                byhand,
                checkpoints,
                collectives,
+               debugging,
                launchers,
                multinode,
                p2p,
@@ -35,6 +36,7 @@ from .allreduce import *  # noqa: F401,F403
 from .byhand import *  # noqa: F401,F403
 from .checkpoints import *  # noqa: F401,F403
 from .collectives import *  # noqa: F401,F403
+from .debugging import *  # noqa: F401,F403
 from .launchers import *  # noqa: F401,F403
 from .multinode import *  # noqa: F401,F403
 from .p2p import *  # noqa: F401,F403
@@ -46,7 +48,7 @@ from .timeline import *  # noqa: F401,F403
 from .training import *  # noqa: F401,F403
 
 __all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *byhand.__all__,
-                  *checkpoints.__all__, *collectives.__all__, *launchers.__all__,
+                  *checkpoints.__all__, *collectives.__all__, *debugging.__all__, *launchers.__all__,
                   *multinode.__all__, *p2p.__all__, *precision.__all__, *setup.__all__,
                   *sharding.__all__, *sharding_model.__all__,
                   *timeline.__all__, *training.__all__])

@@ -20,12 +20,18 @@ import contextlib
 import json
 import os
 import time
+from typing import Any
 
 from ..text import plural
 
 
-def ask(requests: dict[int, tuple[str, str]], deadline: float) -> dict[int, list[dict]]:
-    """Ask each rank (its FIFO and answer file) for its recorder summary; those that answered."""
+def ask(requests: dict[int, tuple[str, str]], deadline: float,
+        question: bytes = b"?") -> dict[int, Any]:
+    """Ask each rank (its FIFO and answer file) a question; the answers of those that answered.
+
+    ``b"?"``: its flight recorder summary; ``b"T"``: what its running trace recorded so far
+    (the answer file is then the one ``ddplab.rank.flight.QUESTIONS`` names).
+    """
     asked = {}
     for rank, (fifo, answer) in requests.items():
         with contextlib.suppress(OSError):
@@ -37,11 +43,11 @@ def ask(requests: dict[int, tuple[str, str]], deadline: float) -> dict[int, list
         except OSError:
             continue
         try:
-            os.write(fd, b"?")
+            os.write(fd, question)
         finally:
             os.close(fd)
         asked[rank] = answer
-    answers: dict[int, list[dict]] = {}
+    answers: dict[int, Any] = {}
     while asked and time.monotonic() < deadline:
         for rank, answer in list(asked.items()):
             try:

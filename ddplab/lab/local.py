@@ -261,6 +261,12 @@ class LocalRanks:
         return flight.ask({rank: (self._stack_file(rank) + ".fr", self._stack_file(rank) + ".fr.json")
                            for rank in ranks}, deadline)
 
+    def recorded(self, ranks: list[int], deadline: float) -> dict[int, dict]:
+        """What a running ``lab.trace()`` recorded so far on each rank, even a stuck one."""
+        return flight.ask({rank: (self._stack_file(rank) + ".fr",
+                                  self._stack_file(rank) + ".fr.json.trace") for rank in ranks},
+                          deadline, b"T")
+
     def interrupt(self, ranks: list[int]) -> None:
         for rank in ranks:
             procs.send(self._handles[rank], signal.SIGINT)

@@ -263,6 +263,9 @@ class HostRanks:
     def collectives(self, ranks: list[int], deadline: float) -> dict[int, list[dict]]:
         return {}                   # the recorder's answer lives on the other host
 
+    def recorded(self, ranks: list[int], deadline: float) -> dict[int, dict]:
+        return {}                   # the trace of a stuck rank stays on the other host
+
     def interrupt(self, ranks: list[int]) -> None:
         # Through the engines' nanny: our signals do not reach other hosts.
         ids = [self._engine_ids()[r] for r in ranks]

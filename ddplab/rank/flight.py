@@ -11,7 +11,8 @@ A stuck rank's main thread is inside C++, so no Python code of the kernel's
 can run there. ``serve`` starts a thread that sleeps on a named pipe (a FIFO in
 the lab's private directory): when the kernel writes to it, the thread reads
 the recorder (torch's collectives release the GIL while they wait) and writes
-a summary next to it. Costs nothing while nobody asks.
+a summary next to it. The same thread answers a ``lab.trace()`` that met a hang
+with what the trace recorded up to it (``QUESTIONS``). Costs nothing while nobody asks.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ BUFFER_SIZE = "2000"
 #: How many of a group's latest records a summary keeps.
 _KEEP_PER_GROUP = 2
 _serving: set[str] = set()      # FIFOs a thread of this process already answers
+#: What the kernel may ask (one byte each) -> the suffix of the answer file's path:
+#: ``?`` the recorder's summary (``summary``), ``T`` what a running ``lab.trace()``
+#: recorded so far (``ddplab.rank.trace.snapshot``: a trace that survives a hang).
+QUESTIONS = {ord("?"): "", ord("T"): ".trace"}
 
 
 def enable() -> None:
@@ -56,6 +61,18 @@ def summary() -> list[dict]:
     return [record for records in latest.values() for record in records[-_KEEP_PER_GROUP:]]
 
 
+def _answer(what: int, path: str) -> None:
+    if what == ord("T"):
+        from . import trace  # imported here: only a trace that met a hang asks
+        answer = trace.snapshot()
+    else:
+        answer = summary()
+    partial = path + ".partial"
+    with open(partial, "w") as out:
+        json.dump(answer, out)
+    os.replace(partial, path)             # the kernel never reads half of it
+
+
 def serve(request_path: str, answer_path: str) -> None:
     """Answer the kernel's requests on the FIFO ``request_path`` with ``summary()`` as JSON."""
     if request_path in _serving:
@@ -73,11 +90,10 @@ def serve(request_path: str, answer_path: str) -> None:
         while True:
             try:
                 with open(request_path, "rb") as request:   # sleeps until the kernel writes
-                    request.read()
-                partial = answer_path + ".partial"
-                with open(partial, "w") as out:
-                    json.dump(summary(), out)
-                os.replace(partial, answer_path)            # the kernel never reads half of it
+                    asked = request.read()
+                for what in sorted(set(asked)) or [ord("?")]:
+                    if what in QUESTIONS:
+                        _answer(what, answer_path + QUESTIONS[what])
             except OSError:
                 log.debug("flight recorder requests end", exc_info=True)
                 return

@@ -93,6 +93,10 @@ class CallRecorder:
         self.pending: list[tuple[Any, Any, dict]] = []   # async ops not yet seen complete
         self.futureless: set[str] = set()     # ops whose Work has no future (asking raises)
         self.local = threading.local()
+        # The calls under way right now, by thread: what a snapshot shows open-ended when
+        # the rank is stuck inside one (read by another thread: ``snapshot``).
+        self.inflight: dict[int, dict] = {}
+        self.spans_open: dict[int, dict] = {}     # a backward under way, by thread
         self.frame = sys._getframe
         self.main = threading.main_thread().ident
         pairs = [(time.perf_counter(), time.time(), time.perf_counter()) for _ in range(5)]
@@ -149,6 +153,7 @@ class CallRecorder:
             event["peer" if kind == "p2p" else "root"] = peer
         event["site"] = self.where(3)[0]
         self.local.call = event
+        self.inflight[threading.get_ident()] = event
         try:
             if payload or name == "barrier":
                 with torch._C._AutoDispatchBelowAutograd():
@@ -162,6 +167,7 @@ class CallRecorder:
             event["end"] = time.perf_counter()
             self.local.call = None
             self.events.append(event)
+            self.inflight.pop(threading.get_ident(), None)
         if name in ("recv", "recv_object_list") and event.get("peer") is None:
             event["peer"] = result
         if not event["blocking"] and result is not None:
@@ -289,12 +295,37 @@ class CallRecorder:
         """Plain data, times on this machine's wall clock, a wait naming its op by index."""
         if _active[0] is self:
             _active[0] = None
+        return self._plain(self.events, self.compute, [])
+
+    def snapshot(self) -> dict:
+        """What was recorded so far, read from another thread while the rank may be stuck.
+
+        The main thread may be blocked inside a call (a hang): that call, and a
+        ``backward`` under way, come as events with ``open=True`` and ``end`` = now.
+        Nothing of the recorder's is changed: the rows are copies (a list copy and a
+        dict copy are single steps under the GIL, so a rank that is still running is
+        read consistently enough: at worst without its latest call).
+        """
+        now = time.perf_counter()
+        events, compute = list(self.events), list(self.compute)
+        opened = [dict(e, end=now, open=True) for e in list(self.inflight.values())]
+        compute += [dict(c, end=now, open=True) for c in list(self.spans_open.values())]
+        return self._plain([dict(e) for e in events] + opened, compute, events)
+
+    def _plain(self, events: list[dict], compute: list[dict], originals: list[dict]) -> dict:
+        """``events`` as the kernel receives them; ``originals``: what copies were made of
+        (a wait's ``of`` points at an original)."""
         def wall(t):
             return None if t is None else self.wall0 + (t - self.pc0)
-        events = sorted(self.events, key=lambda e: e["start"])
-        index = {id(e): i for i, e in enumerate(events)}
+        order = sorted(range(len(events)), key=lambda i: events[i]["start"])
+        index = {}
+        for position, i in enumerate(order):
+            index[id(events[i])] = position
+            if i < len(originals):
+                index[id(originals[i])] = position
         out = []
-        for event in events:
+        for i in order:
+            event = events[i]
             self.resolve(event)
             event = dict(event)
             of = event.pop("of", None)
@@ -304,10 +335,8 @@ class CallRecorder:
                 if key in event:
                     event[key] = wall(event[key])
             out.append(event)
-        compute = [dict(c, start=wall(c["start"]), end=wall(c["end"]))
-                   for c in self.compute]
+        compute = [dict(c, start=wall(c["start"]), end=wall(c["end"])) for c in compute]
         return {"events": out, "compute": compute}
-
 
 def settle_groups() -> None:
     """Before torch's group tables change under a running trace (``ddplab.rank.owngroup``

@@ -36,6 +36,7 @@ What each call leaves behind is ``ddplab.rank.recorder``'s business.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 from .recorder import C10D_OPS, CALLS, CallRecorder
@@ -113,10 +114,14 @@ def _install() -> None:
             return raw_backward(*args, **kwargs)
         site, start = recorder.where(2)[0], time.perf_counter()
         recorder.local.backward = site        # DDP's bucket ops, issued inside, share it
+        me = threading.get_ident()
+        recorder.spans_open[me] = {"op": "backward", "kind": "compute", "start": start,
+                                   "site": site}
         try:
             return raw_backward(*args, **kwargs)
         finally:
             recorder.local.backward = None
+            recorder.spans_open.pop(me, None)
             recorder.span("backward", start, time.perf_counter(), site)
 
     torch.autograd.backward = backward
@@ -165,6 +170,16 @@ def stop() -> dict:
     if recorder is None:
         return {"events": [], "compute": [], "recorded": False}
     return dict(recorder.finish(), recorded=True)
+
+
+def snapshot() -> dict:
+    """What the running trace recorded so far, without stopping it; safe from another thread
+    while the main thread is stuck in a call (``ddplab.rank.flight`` answers the kernel with
+    it after a hang). ``recorded`` is False when no trace runs."""
+    recorder = _recorder
+    if recorder is None:
+        return {"events": [], "compute": [], "recorded": False}
+    return dict(recorder.snapshot(), recorded=True)
 
 
 def boot_id() -> str:
