@@ -100,7 +100,8 @@ def main() -> None:
             student = subprocess.Popen([sys.executable, "-c", STUDENT, str(args.think)],
                                        stdout=subprocess.PIPE, text=True)
             students.append(student)
-            if student.stdout.readline().strip() != "ready":
+            # Its first lines are ddplab's own ("ddplab: 2 ranks ready, ..."): read to ours.
+            if not any(line.strip() == "ready" for line in student.stdout):
                 raise SystemExit(f"student {count} did not start (exit {student.wait()})")
             trip = round_trip_ms(probe)
             memory = [tree_pss_mb(s.pid) for s in students]
