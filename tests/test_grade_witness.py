@@ -131,6 +131,30 @@ def test_a_check_it_runs_reads_the_ranks_whatever_the_kernel_patched(monkeypatch
         lab.stop()
 
 
+@pytest.mark.timeout(300)
+def test_a_check_right_after_a_restart_reads_the_new_ranks(monkeypatch, tmp_path):
+    """The hub lists the killed engines for a few heartbeats after ``lab.restart()``.
+
+    Notebook 09's checks come right after a hang demo and its restart: the
+    grader's own handle must take the live engines only (it failed the
+    reference's checks with ``EngineError: Engine 0 died``).
+    """
+    import ipyparallel.serialize.serialize as serialize
+    lab = ddplab.start(world_size=2, timeout=120)
+    try:
+        lab.restart()
+        every = torch.arange(1.0, 3.0).sum() + torch.arange(1.0, 5.0).sum()
+        lab.run(_set, "mean_score", (every / 6).reshape(1))
+        monkeypatch.setattr(serialize, "pickle", grade_witness._SafePickle)
+        outputs, error, broke = grade_witness.check("ddplab.check.mean_score()", lab.directory, 60,
+                                                    str(tmp_path))
+        assert error is None and not broke, error
+        assert outputs[0]["text"].startswith("Correct: every rank holds the mean of all 6 scores")
+    finally:
+        monkeypatch.undo()
+        lab.stop()
+
+
 def test_the_lab_directory_is_read_from_a_line_split_across_messages():
     """On a busy machine one printed line can come in several stream messages."""
     def stream(text):

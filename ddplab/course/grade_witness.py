@@ -50,11 +50,14 @@ import builtins
 import contextlib
 import io
 import json
+import logging
 import os
 import pickle
 import sys
 import time
 from typing import Any, Callable, Iterable
+
+log = logging.getLogger(__name__)
 
 #: Names a witnessed check cell may use: everything else lives in the notebook.
 GRADER_NAMES = frozenset({"ddplab", "lab"})
@@ -181,12 +184,32 @@ class WitnessLab:
                                  "(start one with lab = ddplab.start(world_size=2))")
         self.timeout = timeout
         self.client = ipp.Client(url_file, timeout=timeout)
-        ranks = self.client[:].apply_async(_torch_rank).get(timeout)
-        by_rank = dict(zip(ranks, self.client.ids))
-        if sorted(by_rank) != list(range(len(ranks))):
+        ranks = self._live_ranks(timeout)
+        if sorted(ranks.values()) != list(range(len(ranks))):
             self.client.close()
-            raise AssertionError(f"the lab's engines are not one group (their ranks: {ranks})")
+            raise AssertionError("the lab's engines are not one group "
+                                 f"(their ranks: {sorted(ranks.values())})")
+        by_rank = {rank: eid for eid, rank in ranks.items()}
         self.engines = [by_rank[r] for r in range(len(ranks))]
+
+    def _live_ranks(self, timeout: float) -> dict[int, int]:
+        """Engine id -> torch rank of every live engine.
+
+        Asked one engine at a time: for a few heartbeats after ``lab.restart()``
+        the hub still lists the engines it killed, and a task sent to one of them
+        fails with ``EngineError`` (one question to all of them would fail whole).
+        """
+        from ipyparallel.error import EngineError, RemoteError
+        asked = {eid: self.client[eid].apply_async(_torch_rank) for eid in self.client.ids}
+        ranks = {}
+        for eid, answer in asked.items():
+            try:
+                ranks[eid] = answer.get(timeout)
+            except (EngineError, RemoteError) as e:
+                if isinstance(e, RemoteError) and e.ename != "EngineError":
+                    raise
+                log.debug("engine %s is gone (a restart's old engine)", eid)
+        return ranks
 
     @property
     def world_size(self) -> int:
