@@ -245,6 +245,9 @@ class WitnessLab:
         if refused:
             rank = min(refused)
             raise AssertionError(f"rank {rank}: {refused[rank]}")
+        from ddplab.lab import display
+        for r in sorted(outcomes):                   # what the ranks printed, as Lab.run shows it
+            display.replay(r, outcomes[r]["events"])
         failures = {r: o["error"] for r, o in outcomes.items() if not o["ok"]}
         if failures:
             raise rank_error(failures)
