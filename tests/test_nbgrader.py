@@ -11,6 +11,12 @@ release``'s. One ``autograde`` run then grades, in order:
   exercises broken, all stubs), which ``ddplab grade`` grades too, at the same
   time: both graders must pass and fail the same exercises.
 
+Beside it, ``ddplab grade`` also makes the whole course's round trip through
+ddplab's own grader: every reference notebook must earn full marks and its
+``ddplab release`` copy none. ddplab's grader runs some checks itself against
+the ranks (``grade_witness``), so it can fail where nbgrader passes: notebook
+09's reference once lost two checks that come right after a ``lab.restart()``.
+
 nbgrader executes each notebook in a kernel, as ``ddplab grade`` does; a lab
 start per notebook on a shared 2-core machine is why the timeouts are long.
 """
@@ -116,14 +122,21 @@ def autograded(course, tmp_path_factory):
     for student, folder in (("reference", course / "source"), ("student", course / "release")):
         shutil.copytree(folder / ASSIGNMENT, submitted / student / ASSIGNMENT)
     agreement = _agreement_submissions()
+    ours_root = tmp_path_factory.mktemp("ddplab-grade")
     ddplab_paths = []
     for student, nb in agreement.items():
         (submitted / student / ASSIGNMENT).mkdir(parents=True)
         nbformat.write(nb, submitted / student / ASSIGNMENT / NAME01)
-        theirs = tmp_path_factory.mktemp("ddplab-grade") / student
-        theirs.mkdir()
-        nbformat.write(nb, theirs / NAME01)
-        ddplab_paths.append(theirs / NAME01)
+        (ours_root / student).mkdir()
+        nbformat.write(nb, ours_root / student / NAME01)
+        ddplab_paths.append(ours_root / student / NAME01)
+    for student in ("course-reference", "course-released"):
+        (ours_root / student).mkdir()
+        ddplab_paths.append(ours_root / student)
+    for path in NOTEBOOKS:
+        reference = nbformat.read(path, as_version=4)
+        nbformat.write(reference, ours_root / "course-reference" / path.name)
+        nbformat.write(release_notebook(reference, path.name), ours_root / "course-released" / path.name)
 
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     begin = time.monotonic()
@@ -131,8 +144,8 @@ def autograded(course, tmp_path_factory):
                                 cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
     try:
-        ours = {g.student: g for g in grade(ddplab_paths, ROOT / "notebooks", jobs=1,
-                                            cell_timeout=120)}
+        ours = {(g.student, g.notebook): g for g in grade(ddplab_paths, ROOT / "notebooks", jobs=1,
+                                                          cell_timeout=300)}
         ddplab_seconds = time.monotonic() - begin
         log, _ = nbgrader.communicate(timeout=3000)
     finally:
@@ -182,6 +195,29 @@ def test_ddplab_grade_and_nbgrader_agree_on_the_same_submissions(autograded):
     for student, lost in expected_lost.items():
         _, _, cells = scores[student, Path(NAME01).stem]
         by_nbgrader = {name.removeprefix("check-"): score == 1 for name, score in cells.items()}
-        by_ddplab = {m.exercise: m.passed for m in ours[student].marks}
+        by_ddplab = {m.exercise: m.passed for m in ours[student, Path(NAME01).stem].marks}
         assert by_nbgrader == by_ddplab, f"{student}: nbgrader {by_nbgrader}, ddplab {by_ddplab}"
         assert {name for name, ok in by_ddplab.items() if not ok} == lost, student
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_ddplab_grade_gives_the_reference_full_marks(autograded, path):
+    _, ours, _, _ = autograded
+    result = ours["course-reference", path.stem]
+    checks = sum(c.get("id", "").startswith("check-")
+                 for c in nbformat.read(path, as_version=4).cells)
+    failed = {m.exercise: m.reason for m in result.marks if not m.passed}
+    assert not result.error and not failed, f"{path.name}: {result.error} {failed}"
+    assert len(result.marks) == checks, f"{path.name}: {len(result.marks)} marks, {checks} checks"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_ddplab_grade_gives_the_released_copy_zero(autograded, path):
+    _, ours, _, _ = autograded
+    result = ours["course-released", path.stem]
+    passed = [m.exercise for m in result.marks if m.passed]
+    assert not result.error and result.marks and not passed, f"{path.name}: {result.error} {passed}"
