@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._core import compare, passed, run_student_code, same
+from ._core import compare, passed, run_student_code, same, warm_up_ddp
 
 __all__ = ["checkpoint_once", "mean_loss", "no_unused_parameters", "padded_gather",
            "shuffled_each_epoch", "two_heads", "uneven_batches", "world_size_mean"]
@@ -126,6 +126,7 @@ def uneven_batches(lab: Any = None) -> None:
     """``train_uneven`` trains ranks that hold different numbers of batches, with no hang, on
     every batch of every rank: the weights DDP with join computes (one process replays it)."""
     __tracebackhide__ = True
+    warm_up_ddp(lab)                   # a fresh rank's first DDP step is slow, not stuck
     got = run_student_code("train_uneven(model, optimizer, batches)", _uneven, lab=lab,
                            timeout=TIMEOUT,
                            hint="the rank with more batches runs a backward() whose all_reduce "
@@ -202,6 +203,7 @@ def _unused(steps: int = 3) -> dict:
 def no_unused_parameters(lab: Any = None) -> None:
     """``wrap(model)`` gives a DDP model that trains ``two_heads()`` like one process would."""
     __tracebackhide__ = True
+    warm_up_ddp(lab)
     try:
         got = run_student_code("3 steps of wrap(two_heads())", _unused, lab=lab, timeout=TIMEOUT,
                                hint="")
@@ -285,6 +287,7 @@ def checkpoint_once(lab: Any = None) -> None:
     from ._core import lab_or_current
     __tracebackhide__ = True
     lab = lab_or_current(lab)
+    warm_up_ddp(lab)
     path = os.path.join(tempfile.mkdtemp(prefix="ddplab-ckpt-"), "model.pt")
     saves = run_student_code("save_checkpoint(model, path)", _save, path, lab=lab,
                              timeout=TIMEOUT, hint="")
