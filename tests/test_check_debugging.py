@@ -58,30 +58,61 @@ UNEVEN = """
 import torch.nn.functional as F
 def train_uneven(model, optimizer, batches):
     {join}
-        for x, y in batches:
+        for x, y in {batches}:
             optimizer.zero_grad()
             F.mse_loss(model(x), y).backward()
             optimizer.step()
+    {after}
 """
 
 
+def uneven(join="with model.join():", batches="batches", after=""):
+    return UNEVEN.format(join=join, batches=batches, after=after)
+
+
 def test_uneven_batches_accepts_join(fresh_lab, capsys):
-    fresh_lab.run_cell(UNEVEN.format(join="with model.join():"))
+    fresh_lab.run_cell(uneven())
     debugging.uneven_batches()
-    assert last_line(capsys).startswith("Correct: ranks with 3 and 5 batches finished together")
+    assert last_line(capsys) == ("Correct: ranks with 3 and 5 batches trained on every batch and "
+                                 "finished together, on the weights DDP with join computes.")
+
+
+def test_uneven_batches_accepts_join_dividing_by_the_ranks_still_training(fresh_lab, capsys):
+    # The other divisor join offers: a different result, as right as the default's.
+    fresh_lab.run_cell(uneven(join="with model.join(divide_by_initial_world_size=False):"))
+    debugging.uneven_batches()
+    assert last_line(capsys).startswith("Correct: ranks with 3 and 5 batches trained on every batch")
 
 
 def test_uneven_batches_rejects_the_loop_without_join(fresh_lab, short):
-    fresh_lab.run_cell(UNEVEN.format(join="if True:"))
+    fresh_lab.run_cell(uneven(join="if True:"))
     fails(debugging.uneven_batches, "did not finish within 4 s", "with model.join():")
 
 
+def test_uneven_batches_rejects_a_function_that_does_nothing(fresh_lab):
+    # Equal weights come free from DDP's first broadcast: they must not pass a `pass`.
+    fresh_lab.run_cell("def train_uneven(model, optimizer, batches):\n    pass\n")
+    fails(debugging.uneven_batches, "train_uneven trained on none of its batches",
+          "prove nothing", "one SGD step per (x, y) batch")
+
+
+def test_uneven_batches_rejects_training_only_the_shortest_ranks_count(fresh_lab):
+    # No hang and equal weights, but rank 1's last two batches thrown away.
+    fresh_lab.run_cell(uneven(join="if True:", batches="batches[:3]"))
+    fails(debugging.uneven_batches, "train_uneven skipped batches: it trained rank 1 on 3 of its "
+                                    "5 batches", "`with model.join():`")
+
+
 def test_uneven_batches_rejects_ranks_that_end_apart(fresh_lab):
-    fresh_lab.run_cell("def train_uneven(model, optimizer, batches):\n"
-                       "    with torch.no_grad():\n"
-                       "        model.module.weight += rank\n")
-    fails(debugging.uneven_batches, "the weights after train_uneven is wrong on rank 1",
-          "the same weights")
+    fresh_lab.run_cell(uneven(after="with torch.no_grad():\n        model.module.weight += rank"))
+    fails(debugging.uneven_batches, "the weights after train_uneven (replayed in one process",
+          "is wrong on rank 1.", "model.join()")
+
+
+def test_uneven_batches_rejects_a_step_on_every_other_batch(fresh_lab):
+    # Every batch seen by a forward pass, but the steps are not the ones DDP with join takes.
+    fresh_lab.run_cell(uneven(batches="batches[::2] + batches[1::2]"))
+    fails(debugging.uneven_batches, "is wrong on ranks 0, 1.", "one optimizer.step() per batch")
 
 
 # ------------------------------------------------------------- 3: an unused parameter
@@ -172,17 +203,45 @@ def test_checkpoint_rejects_the_module_prefix(fresh_lab):
 
 
 # ------------------------------------------------------------- 6: the wrong world size
-def test_world_size_mean_accepts_get_world_size(fresh_lab, capsys):
-    fresh_lab.run_cell("def average(t):\n    t = t.clone()\n    dist.all_reduce(t)\n"
-                       "    return t / dist.get_world_size()\n")
+AVERAGE = "def average(t):\n    t = t.clone()\n    dist.all_reduce(t)\n    return t{divide}\n"
+
+
+@pytest.mark.parametrize("divide", [" / dist.get_world_size()", " / world_size"])
+def test_world_size_mean_accepts_the_groups_size(fresh_lab, capsys, divide):
+    fresh_lab.run_cell(AVERAGE.format(divide=divide))
     debugging.world_size_mean()
-    assert last_line(capsys) == "Correct: average(t) is the mean over the 2 ranks."
+    assert last_line(capsys) == "Correct: average(t) is the mean over the 2 ranks, and over 1 rank alone."
+
+
+def test_world_size_mean_rejects_the_lab_size_hard_coded(fresh_lab, capsys):
+    # The section's own bug: right on this lab of 2 by luck, so checked in a world of 1 as well.
+    fresh_lab.run_cell(AVERAGE.format(divide=" / 2"))
+    fails(debugging.world_size_mean, "average(t) divides the sum by 2 in a world of 1 rank, where "
+                                     "the mean divides by 1", "dist.get_world_size()")
+    # Afterwards the lab's group is the ranks' again, and so are their variables.
+    capsys.readouterr()
+    fresh_lab.run_cell("t = torch.ones(1)\ndist.all_reduce(t)\n"
+                       "print(dist.get_world_size(), world_size, rank, t.item())")
+    assert capsys.readouterr().out == "[rank 0]\n2 2 0 2.0\n[rank 1]\n2 2 1 2.0\n"
 
 
 def test_world_size_mean_rejects_a_hard_coded_4(fresh_lab):
-    fresh_lab.run_cell("def average(t):\n    t = t.clone()\n    dist.all_reduce(t)\n    return t / 4\n")
-    fails(debugging.world_size_mean, "average([rank + 1, 10]) is wrong",
-          "never by a number written in the code")
+    fresh_lab.run_cell(AVERAGE.format(divide=" / 4"))
+    fails(debugging.world_size_mean, "average(t) divides the sum by 4 on the lab's 2 ranks, where "
+                                     "the mean divides by 2", "a number written in the code")
+
+
+def test_world_size_mean_rejects_the_sum(fresh_lab):
+    fresh_lab.run_cell(AVERAGE.format(divide=""))
+    fails(debugging.world_size_mean, "average(t) returned the sum, not the mean, on the lab's 2 ranks")
+
+
+def test_world_size_mean_on_4_ranks_rejects_a_hard_coded_4(fresh_lab4, capsys):
+    fresh_lab4.run_cell(AVERAGE.format(divide=" / 4"))
+    fails(debugging.world_size_mean, "divides the sum by 4 in a world of 1 rank")
+    fresh_lab4.run_cell(AVERAGE.format(divide=" / dist.get_world_size()"))
+    debugging.world_size_mean()
+    assert last_line(capsys) == "Correct: average(t) is the mean over the 4 ranks, and over 1 rank alone."
 
 
 # ------------------------------------------------------------- 7: set_epoch

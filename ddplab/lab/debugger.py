@@ -20,8 +20,11 @@ directory.
   ``blocked in barrier, cell line 6``.
 - **The lab's timeout does not run** while a session is open: ``Calls``
   moves its deadline on by the time spent (``serve`` says when).
-- **No input box** (nbval, a grader, ``allow_stdin`` off): every prompt is
-  answered ``c`` and the notebook says so once, so a notebook with a
+- **Commands given up front** (``ddplab.breakpoint(commands=[...])``) answer
+  the first prompts: each is shown after its prompt, as if typed, and sent
+  back without asking, input box or not.
+- **No input box** (nbval, a grader, ``allow_stdin`` off): every other prompt
+  is answered ``c`` and the notebook says so once, so a notebook with a
   breakpoint in it still runs to its end unattended.
 """
 
@@ -125,23 +128,34 @@ class Prompter:
 
     def _ask(self, asked: dict, tasks: list[Any], board: Any) -> str | None:
         """Show the rank's pdb output, then ask for a line; None for end of input."""
+        prompt = asked.get("prompt", f"(Pdb rank {asked.get('rank')}) ")
+        given = asked.get("given")
+        if isinstance(given, str):     # a command given up front: shown as if typed
+            self._greet(asked)
+            _show(asked.get("text", ""))
+            display.say(prompt + given)
+            return given
         if self._no_stdin or not _can_prompt():
             return self._go_on(asked)
-        if self._fresh:
-            self._fresh = False
-            display.say(f"ddplab: rank {asked.get('rank')} stopped in the debugger (n next line, "
-                        f"s step in, p x print x, l list, c continue, q stop the cell).")
+        self._greet(asked)
         _show(asked.get("text", ""))
         board.update(tasks, self.notes())
         try:
             with _refreshing(board, tasks, self.notes()):
-                return input(asked.get("prompt", f"(Pdb rank {asked.get('rank')}) "))
+                return input(prompt)
         except EOFError:
             return None                # end of input: pdb quits, as in a terminal
         except Exception:              # StdinNotImplementedError (no input box), a closed or
             # captured stdin (OSError): the rank must not be left waiting for an answer.
             log.debug("no answer to the debugger's prompt", exc_info=True)
             return self._go_on(asked)
+
+    def _greet(self, asked: dict) -> None:
+        """The session's first line: which rank stopped, and the commands worth knowing."""
+        if self._fresh:
+            self._fresh = False
+            display.say(f"ddplab: rank {asked.get('rank')} stopped in the debugger (n next line, "
+                        f"s step in, p x print x, l list, c continue, q stop the cell).")
 
     def _go_on(self, asked: dict) -> str:
         """No one can answer: continue, and say so once per wait (the text is stable for nbval)."""

@@ -17,6 +17,10 @@ stdout are a ``Channel`` to the notebook kernel:
   ``input_request``, an input box in JupyterLab. It writes the line typed to
   the ``answer`` file, in the lab's owner-only (0700) directory, and the rank,
   which polls that file every ``POLL`` seconds, hands it to pdb;
+- commands given up front (``ddplab.breakpoint(commands=["p x", "c"])``, as
+  ``python -m pdb -c``) ride in the request as ``"given": "p x"``: the kernel
+  shows them after the prompt, as if typed, and sends them back without
+  asking, so a notebook run unattended (nbval, a grader) shows a real session;
 - when pdb stops asking (``c``, ``q``, the call ends) the rank publishes
   ``{"seq": n, "done": True}``: the kernel serves one rank's session at a
   time, and moves to another rank waiting at a prompt only then.
@@ -68,8 +72,10 @@ def settle(rank: int, folder: str) -> None:
 class Channel:
     """pdb's stdin and stdout on a rank: lines to and from the notebook kernel."""
 
-    def __init__(self, rank: int, publish: Callable[[dict], None], answer_path: str) -> None:
+    def __init__(self, rank: int, publish: Callable[[dict], None], answer_path: str,
+                 commands: list[str] | None = None) -> None:
         self.rank = rank
+        self.commands = list(commands or [])   # answers given up front, used first
         self.prompt = f"(Pdb rank {rank}) "
         self._publish = publish
         self._answer_path = answer_path
@@ -91,8 +97,11 @@ class Channel:
         text = self._take()
         prompt = self.prompt if text.endswith(self.prompt) else ""
         self.open = True
-        self._publish({REQUEST_KEY: {"seq": seq, "rank": self.rank, "text": text[:len(text) - len(prompt)],
-                                     "prompt": prompt or self.prompt, "answer": self._answer_path}})
+        request = {"seq": seq, "rank": self.rank, "text": text[:len(text) - len(prompt)],
+                   "prompt": prompt or self.prompt, "answer": self._answer_path}
+        if self.commands:
+            request["given"] = self.commands.pop(0)
+        self._publish({REQUEST_KEY: request})
         try:
             line = self._await(seq)
         except KeyboardInterrupt:
@@ -173,17 +182,19 @@ def _next_seq() -> int:
     return _state["seq"]
 
 
-def _debugger() -> Debugger | None:
+def _debugger(commands: list[str] | None = None) -> Debugger | None:
     """A debugger talking to the kernel, or None outside a lab (no kernel to ask)."""
     publish, rank, folder = live.publisher(), _state["rank"], _state["folder"]
     if publish is None or rank is None or folder is None:
         return None
-    debugger = Debugger(Channel(rank, publish, os.path.join(folder, f"pdb-rank{rank}.answer")))
+    debugger = Debugger(Channel(rank, publish, os.path.join(folder, f"pdb-rank{rank}.answer"),
+                                commands))
     _state["debugger"] = debugger
     return debugger
 
 
-def breakpoint(rank: int | None = None) -> None:   # ddplab.breakpoint: named as the builtin on purpose
+def breakpoint(rank: int | None = None,   # ddplab.breakpoint: named as the builtin on purpose
+               commands: list[str] | tuple[str, ...] | None = None) -> None:
     """Stop this rank in pdb at the next line, its prompt in the notebook: ``(Pdb rank 1)``.
 
     ``rank``: stop only on that rank (the others run on); ``None`` stops every
@@ -191,13 +202,26 @@ def breakpoint(rank: int | None = None) -> None:   # ddplab.breakpoint: named as
     ``n``, ``s``, ``l`` as in pdb; ``c`` lets the cell run on; ``q`` stops the
     cell (ranks waiting for this one in a collective then need
     ``lab.restart()``: use ``c`` to leave them be).
+
+    ``commands``: pdb commands to run first, as if typed at the prompts, e.g.
+    ``["p x", "n", "p y", "c"]`` (like ``python -m pdb -c``). The notebook shows
+    each after its prompt; once they run out the prompt asks as usual. A
+    session that ends with ``c`` needs no one at the keyboard: a notebook run
+    unattended (nbval, a grader) or a demo replayed in class shows it whole.
     """
+    if commands is not None and (isinstance(commands, str) or
+                                 not all(isinstance(c, str) for c in commands)):
+        raise TypeError(f"ddplab.breakpoint: commands must be a list of pdb command lines, "
+                        f"like ['p x', 'n', 'c'], but got {commands!r}. Put a single command "
+                        f"in a list: commands=[{commands!r}].")
     if rank is not None and rank != _my_rank():
         return
     frame = sys._getframe(1)
-    debugger = _debugger()
+    debugger = _debugger(list(commands or []))
     if debugger is None:
-        pdb.Pdb().set_trace(frame)       # a script in a terminal: pdb as usual
+        terminal = pdb.Pdb()             # a script in a terminal: pdb as usual
+        terminal.cmdqueue.extend(commands or [])
+        terminal.set_trace(frame)
         return
     debugger.set_trace(frame)
 

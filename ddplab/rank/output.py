@@ -338,7 +338,10 @@ def hide_fd_output() -> Iterator[None]:
 
     For ddplab's own checkers, which provoke C++ log lines on purpose (a store
     wait that must time out logs an error with a timestamp): a passing check
-    shows its one fixed line, not that noise. Student code never needs it.
+    shows its one fixed line, not that noise. And for a notebook demo that
+    fails on purpose (09's ``monitored_barrier``, whose error torch also logs),
+    so its stored output stays the same from run to run. Student code never
+    needs it.
     """
     fds = _output.fds
     if fds is None:
