@@ -136,7 +136,8 @@ def test_a_rank_cannot_leave_a_process_behind_outside_grading():
         import signal
         import time
         r, w = os.pipe()
-        if os.fork() == 0:
+        middle = os.fork()
+        if middle == 0:
             os.setsid()
             if os.fork() == 0:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -144,7 +145,14 @@ def test_a_rank_cannot_leave_a_process_behind_outside_grading():
                 while True:
                     time.sleep(1)
             os._exit(0)
-        return int(os.read(r, 16))
+        grandchild = int(os.read(r, 16))
+        # The grandchild is orphaned only once the middle child has exited:
+        # wait for that, or its parent may still be the middle child.
+        try:
+            os.waitpid(middle, 0)
+        except ChildProcessError:        # already reaped by the engine, the subreaper
+            pass
+        return grandchild
 
     with ddplab.start(world_size=2, timeout=120) as lab:
         grandchildren = lab.run(detach)
