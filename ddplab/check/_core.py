@@ -124,38 +124,6 @@ def deadlock(what: str, exc: Any, timeout: float, hint: str) -> AssertionError:
                           f"Then recover with: lab.restart()")
 
 
-def forbidding(names: tuple[str, ...], exercise: str, builds: str = "all_reduce"):
-    """A context manager that makes ``dist.<name>`` raise, for the student's call only.
-
-    ``builds`` names what the exercise builds, for the message.
-    """
-    import contextlib
-
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    @contextlib.contextmanager
-    def forbid():
-        saved = {}
-        for name in names:
-            for module in (dist, c10d):
-                if hasattr(module, name):
-                    saved[(module, name)] = getattr(module, name)
-
-                    def refuse(*args, _name=name, **kwargs):
-                        __tracebackhide__ = True
-                        raise AssertionError(
-                            f"{exercise} builds {builds} from send/recv, so it may not call "
-                            f"dist.{_name}. Use dist.send/dist.recv (or isend/irecv) only.")
-                    setattr(module, name, refuse)
-        try:
-            yield
-        finally:
-            for (module, name), value in saved.items():
-                setattr(module, name, value)
-    return forbid()
-
-
 #: The point-to-point calls the checkers watch, and the keyword naming the other rank.
 PEER_KEYWORD = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 

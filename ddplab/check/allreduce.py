@@ -22,7 +22,6 @@ from typing import Any, Callable
 from ..text import plural
 from ._core import (
     deadlock,
-    forbidding,
     lab_or_current,
     passed,
     peer,
@@ -30,6 +29,7 @@ from ._core import (
     run_student_code,
     swap_peer_calls,
 )
+from ._forbid import COLLECTIVES, forbidding
 from ._messages import message_log, ring_problems, tree_depth
 from ._reference import refusing_reference
 
@@ -41,10 +41,6 @@ __all__ = [
     "tree_all_reduce",
 ]
 
-#: Collectives a send/recv exercise may not call (it would be building all_reduce from all_reduce).
-COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-               "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-               "all_to_all_single", "scatter", "gather")
 #: Lengths every checker tries: 1 (shorter than world_size), odd, prime, large-ish and uneven.
 LENGTHS = (1, 6, 13, 1000, 4099)
 DTYPES = ("float32", "float64", "int64", "int32")
