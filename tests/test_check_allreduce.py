@@ -260,6 +260,25 @@ def test_a_deadlocked_ring_is_reported_within_the_check_timeout_with_a_hint(fres
     fresh_lab4.restart()
 
 
+def ring_that_hangs_on_the_message_pass(tensor):
+    """Right on every case, but deadlocked on the one tensor of 4p elements whose messages are followed."""
+    if tensor.numel() == 4 * dist.get_world_size():
+        return ring_that_sends_first(tensor)
+    return RING(tensor)
+
+
+def test_a_ring_deadlocked_while_its_messages_are_followed_says_so_within_15_s(fresh_lab4):
+    with pytest.raises(AssertionError) as info:
+        check.ring_all_reduce(ring_that_hangs_on_the_message_pass)
+    message = str(info.value)
+    fresh_lab4.restart()
+    assert message.startswith("ring_all_reduce(tensor) on shape=[16], dtype=float32, its messages "
+                              "followed did not finish within 15 s: the ranks are waiting"), message
+    assert "rank 0: still in send" in message
+    assert "Hint: a rank that sends with the blocking dist.send" in message
+    assert "lab.restart()" in message
+
+
 def test_send_recv_exercise_may_not_call_all_reduce(fresh_lab4):
     with pytest.raises(AssertionError, match=r"may not call dist\.all_reduce"):
         check.ring_all_reduce(ring_that_calls_all_reduce)
