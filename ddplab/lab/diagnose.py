@@ -243,12 +243,33 @@ def deadlock_hint(states: dict[int, str], where: dict[int, str], stacks: dict[in
                 "matching recv is posted, so ranks that all send first wait for each other for "
                 "ever. Let one side receive first (e.g. even ranks send then receive, odd ranks "
                 "receive then send), or use dist.isend / dist.irecv and wait() on both.")
+    idle = sorted(rank for rank, state in states.items() if state != "still running")
     if all(call in ("send", "recv") for call in calls.values()):
-        idle = sorted(rank for rank, state in states.items() if state != "still running")
         if idle:
             return (f"Hint: ranks wait in send/recv for {plural(len(idle), 'rank')} "
                     f"{', '.join(map(str, idle))}, which finished the cell: check that every "
                     f"send has its recv on the rank it names (dst=/src=), and that no rank skips "
                     f"its part behind an `if rank == ...`.")
+        return ""
+    if not all(call and call not in _P2P_CALLS for call in calls.values()):
+        return ""
+    named = sorted(set(calls.values()))
+    if idle:                           # a collective, or new_group, that some ranks never called
+        waiting = sorted(calls)
+        return (f"Hint: {plural(len(waiting), 'rank')} {', '.join(map(str, waiting))} "
+                f"{'wait' if len(waiting) > 1 else 'waits'} in {' / '.join(named)} for "
+                f"{plural(len(idle), 'rank')} {', '.join(map(str, idle))}, which finished the cell "
+                f"without calling it: a collective returns only once every rank of its group has "
+                f"called it. {_NEW_GROUP if 'new_group' in named else _EVERY_RANK}")
+    if len(named) > 1:
+        return ("Hint: the ranks wait in different collectives ("
+                + ", ".join(f"rank {rank} in {call}" for rank, call in sorted(calls.items()))
+                + f"): collectives meet in the order they are called. {_EVERY_RANK}")
     return ""
+
+
+_EVERY_RANK = ("Call the same collectives on every rank, in the same order: not under an `if rank "
+               "== ...` and not in %%rank N cells.")
+_NEW_GROUP = ("new_group is itself a collective of all ranks: every rank calls it for every group, "
+              "the groups it is not in too, in the same order.")
 
