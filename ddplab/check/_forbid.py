@@ -80,11 +80,11 @@ def forbidding(collectives: tuple[str, ...], exercise: str, builds: str = "all_r
         raise ValueError(f"ddplab: forbidding() knows the collectives {', '.join(COLLECTIVES)}, "
                          f"not {', '.join(unknown)}.")
     every = set(collectives) == set(COLLECTIVES)
-    saved = []
+    classes, saved = _classes(), []
     try:
         for collective in collectives:
             for method in _METHODS[collective]:
-                for cls in _classes():
+                for cls in classes:
                     if method in cls.__dict__:      # the raw descriptor: restoring it keeps binding
                         saved.append((cls, method, cls.__dict__[method]))
                         setattr(cls, method, _refusal(collective, method, exercise, builds, every))
