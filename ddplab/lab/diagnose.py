@@ -251,25 +251,14 @@ def deadlock_hint(states: dict[int, str], where: dict[int, str], stacks: dict[in
                     f"send has its recv on the rank it names (dst=/src=), and that no rank skips "
                     f"its part behind an `if rank == ...`.")
         return ""
-    if not all(call and call not in _P2P_CALLS for call in calls.values()):
-        return ""
-    named = sorted(set(calls.values()))
-    if idle:                           # a collective, or new_group, that some ranks never called
+    # A collective skipped or mismatched is the flight recorder's to say (``flight.report``); it
+    # does not see new_group, whose gloo set-up waits for every member of the new group.
+    if idle and all(call == "new_group" for call in calls.values()):
         waiting = sorted(calls)
         return (f"Hint: {plural(len(waiting), 'rank')} {', '.join(map(str, waiting))} "
-                f"{'wait' if len(waiting) > 1 else 'waits'} in {' / '.join(named)} for "
+                f"{'wait' if len(waiting) > 1 else 'waits'} in new_group for "
                 f"{plural(len(idle), 'rank')} {', '.join(map(str, idle))}, which finished the cell "
-                f"without calling it: a collective returns only once every rank of its group has "
-                f"called it. {_NEW_GROUP if 'new_group' in named else _EVERY_RANK}")
-    if len(named) > 1:
-        return ("Hint: the ranks wait in different collectives ("
-                + ", ".join(f"rank {rank} in {call}" for rank, call in sorted(calls.items()))
-                + f"): collectives meet in the order they are called. {_EVERY_RANK}")
+                f"without calling it. new_group is itself a collective of all ranks: every rank "
+                f"calls it for every group, the groups it is not in too, in the same order.")
     return ""
-
-
-_EVERY_RANK = ("Call the same collectives on every rank, in the same order: not under an `if rank "
-               "== ...` and not in %%rank N cells.")
-_NEW_GROUP = ("new_group is itself a collective of all ranks: every rank calls it for every group, "
-              "the groups it is not in too, in the same order.")
 
