@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed import all_reduce as sum_everywhere  # an alias bound before any check runs
 
 import ddplab
 from ddplab import algorithms
@@ -102,6 +103,11 @@ def naive_without_broadcast(tensor):
 
 def ring_that_calls_all_reduce(tensor):
     dist.all_reduce(tensor)
+    return tensor
+
+
+def naive_through_an_alias(tensor):
+    sum_everywhere(tensor)
     return tensor
 
 
@@ -254,10 +260,39 @@ def test_a_deadlocked_ring_is_reported_within_the_check_timeout_with_a_hint(fres
     fresh_lab4.restart()
 
 
+def ring_that_hangs_on_the_message_pass(tensor):
+    """Right on every case, but deadlocked on the one tensor of 4p elements whose messages are followed."""
+    if tensor.numel() == 4 * dist.get_world_size():
+        return ring_that_sends_first(tensor)
+    return RING(tensor)
+
+
+def test_a_ring_deadlocked_while_its_messages_are_followed_says_so_within_15_s(fresh_lab4):
+    with pytest.raises(AssertionError) as info:
+        check.ring_all_reduce(ring_that_hangs_on_the_message_pass)
+    message = str(info.value)
+    fresh_lab4.restart()
+    assert message.startswith("ring_all_reduce(tensor) on shape=[16], dtype=float32, its messages "
+                              "followed did not finish within 15 s: the ranks are waiting"), message
+    assert "rank 0: still in send" in message
+    assert "Hint: a rank that sends with the blocking dist.send" in message
+    assert "lab.restart()" in message
+
+
 def test_send_recv_exercise_may_not_call_all_reduce(fresh_lab4):
     with pytest.raises(AssertionError, match=r"may not call dist\.all_reduce"):
         check.ring_all_reduce(ring_that_calls_all_reduce)
     assert not fresh_lab4.broken_reason       # every rank refused at once: nobody is left waiting
+
+
+def test_send_recv_exercise_refuses_all_reduce_under_any_name(fresh_lab):
+    """``from torch.distributed import all_reduce as sum_everywhere`` at module level, bound before
+    the check, is the real function: the check refuses the collective at the process group."""
+    with pytest.raises(AssertionError, match=r"naive_all_reduce builds all_reduce from send/recv, so "
+                       r"it may not call dist\.all_reduce \(at naive_through_an_alias line \d+\)"):
+        check.naive_all_reduce(naive_through_an_alias)
+    assert not fresh_lab.broken_reason
+    check.naive_all_reduce(NAIVE)             # and all_reduce works again afterwards
 
 
 def test_collectives_version_must_work_in_place(fresh_lab):

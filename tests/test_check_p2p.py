@@ -13,6 +13,7 @@ import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed import all_gather as gather_all  # an alias bound before any check runs
 
 import ddplab
 from ddplab.check import p2p
@@ -239,14 +240,35 @@ def all_gather_into_one_tensor(tensor_list, tensor):
         item.copy_(row)
 
 
+def all_gather_through_an_alias(tensor_list, tensor):
+    gather_all(tensor_list, tensor)
+
+
+def all_gather_through_the_group(tensor_list, tensor):
+    dist.group.WORLD.allgather([tensor_list], [tensor]).wait()
+
+
 def test_all_gather_p2p_may_not_call_a_collective(fresh_lab4):
     message = _fails(p2p.all_gather_p2p, all_gather_with_the_collective,
                      match=r"my_all_gather builds all_gather from send/recv, so it may not call "
-                           r"dist\.all_gather\. Use dist\.send/dist\.recv")
+                           r"dist\.all_gather \(at all_gather_with_the_collective line \d+\)\. "
+                           r"The check refuses the collective itself.* Use dist\.send/dist\.recv")
     assert re.search(r"raised \w+(Error|Exception)\b.*, so it cannot be checked", message), message
     _fails(p2p.all_gather_p2p, all_gather_into_one_tensor, match=r"may not call dist\.all_gather_into_tensor")
     assert not fresh_lab4.broken_reason       # every rank refused at once: nobody is left waiting
     p2p.all_gather_p2p(all_gather_right)      # and the collective works again afterwards
+
+
+def test_all_gather_p2p_refuses_the_collective_under_any_name(fresh_lab4):
+    """A module-level ``from torch.distributed import all_gather as gather_all``, bound before the
+    check, is the real function: the check refuses the collective at the process group."""
+    _fails(p2p.all_gather_p2p, all_gather_through_an_alias,
+           match=r"my_all_gather builds all_gather from send/recv, so it may not call dist\.all_gather "
+                 r"\(at all_gather_through_an_alias line \d+\)")
+    _fails(p2p.all_gather_p2p, all_gather_through_the_group,
+           match=r"may not call all_gather, through the process group's \.allgather")
+    assert not fresh_lab4.broken_reason
+    p2p.all_gather_p2p(all_gather_right)
 
 
 def test_all_gather_p2p(fresh_lab4, capsys):

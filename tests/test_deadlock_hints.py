@@ -1,9 +1,12 @@
-"""A deadlocked %%ranks cell says the likely cause (issue 30): all in recv, all in send, DDP on one rank."""
+"""A deadlocked %%ranks cell says the likely cause (issue 30): all in recv, all in send, DDP on one
+rank, new_group some ranks skipped; an exercise cell says it within its 15 s."""
 
 from __future__ import annotations
 
+import pathlib
 import time
 
+import nbformat
 import pytest
 
 import ddplab
@@ -50,6 +53,61 @@ def test_ddp_made_on_rank_0_only_says_the_constructor_is_a_collective(fresh_lab)
     assert "a %%ranks cell, not %%rank 0 and not under `if rank == 0:`" in message
 
 
+NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+
+
+@pytest.fixture(scope="module")
+def shell():
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()   # the one test shell, whoever started it
+    shell.run_line_magic("load_ext", "ddplab")
+    return shell
+
+
+def _magic_line(notebook: str, cell_id: str) -> str:
+    """The first line of an exercise cell as the notebook has it: its ``%%ranks`` options."""
+    cells = nbformat.read(NOTEBOOKS / notebook, as_version=4).cells
+    return next(cell for cell in cells if cell.get("id") == cell_id).source.splitlines()[0]
+
+
+@pytest.mark.parametrize("notebook, cell_id, answer, hint, which_lab", [
+    ("01_point_to_point.ipynb", "exercise-ring-token",
+     "token = torch.zeros(1)\n"
+     "dist.recv(token, src=(rank - 1) % world_size)\n"
+     "dist.send(token + rank, dst=(rank + 1) % world_size)\n",
+     "Hint: every rank is waiting in recv, and no rank is sending", "fresh_lab"),
+    ("00_setup.ipynb", "exercise-mean-score",
+     "totals = torch.tensor([1.0, 2.0])\n"
+     "if rank == 0:\n"
+     "    dist.all_reduce(totals)\n",
+     "ddplab: rank 0 waits in collective #1 (all_reduce) on the default group, which rank 1 never "
+     "reached", "fresh_lab"),
+    ("02b_collectives_gather_scatter.ipynb", "exercise-parity_sum",     # "once": read as one rank
+     "if rank == 0:\n"
+     "    even_ranks = dist.new_group(list(range(0, world_size, 2)))\n"
+     "    odd_ranks = dist.new_group(list(range(1, world_size, 2)))\n",
+     "Hint: rank 0 waits in new_group for ranks 1, 2, 3, which finished the cell without calling "
+     "it. new_group is itself a collective of all ranks", "fresh_lab4"),
+])
+def test_an_exercise_cell_that_deadlocks_says_why_within_15_s(shell, request, notebook, cell_id,
+                                                               answer, hint, which_lab):
+    """A wrong answer in the exercise cell, under the cell's own magic line, run by the magic."""
+    lab = request.getfixturevalue(which_lab)
+    line = _magic_line(notebook, cell_id)
+    assert line == "%%ranks --timeout 15", line
+    start = time.monotonic()
+    error = shell.run_cell(f"{line}\n{answer}").error_in_exec
+    took = time.monotonic() - start
+    lab.restart()
+    assert isinstance(error, ddplab.HangError), error
+    message = str(error)
+    assert "did not finish within timeout=15 s" in message, message
+    assert hint in message, message
+    assert took < 4 * 15                    # the cell's 15 s, not the lab's 60 s
+
+
 @pytest.mark.parametrize("states, where, expected", [
     ({0: "still running", 1: "still running"}, {0: "in recv (cell line 2)", 1: "in recv (cell line 2)"},
      "every rank is waiting in recv"),
@@ -58,6 +116,12 @@ def test_ddp_made_on_rank_0_only_says_the_constructor_is_a_collective(fresh_lab)
     ({0: "still running", 1: "finished"}, {0: "in recv (cell line 4)"},
      "ranks wait in send/recv for rank 1, which finished the cell"),
     ({0: "still running", 1: "still running"}, {0: "in recv (cell line 2)", 1: "at cell line 3"}, ""),
+    ({0: "still running", 1: "finished", 2: "still running", 3: "finished"},
+     {0: "in new_group (cell line 2)", 2: "in new_group (cell line 2)"},
+     "ranks 0, 2 wait in new_group for ranks 1, 3, which finished the cell without calling it. "
+     "new_group is itself a collective of all ranks"),
+    # A collective skipped or mismatched: the flight recorder's verdict says it, not a hint.
+    ({0: "still running", 1: "finished"}, {0: "in all_reduce (cell line 3)"}, ""),
 ])
 def test_the_hint_follows_where_the_ranks_wait(states, where, expected):
     hint = diagnose.deadlock_hint(states, where, {})

@@ -12,8 +12,10 @@ one left on the ranks fails here, naming the cell.
 Where a notebook tells the student to rerun from an earlier cell instead (05's
 DDP exercise: "rerun the cells from the data section's %%ranks cell down"),
 the cells from there to the section are run again after the restart, as the
-student would: ``RESTART_FROM``. Where it tells them to run its set-up cell on
-the ranks again after any restart, that cell runs first: ``AFTER_RESTART``.
+student would: ``RESTART_FROM``. Where a section says nothing above it is
+needed (05's ``Join`` exercise), nothing above it is rerun. Where a notebook
+tells them to run its set-up cell on the ranks again after any restart, that
+cell runs first: ``AFTER_RESTART``.
 
 One kernel per notebook, not one per section: a restart costs seconds, a new
 kernel and lab many more.
@@ -34,8 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
 #: notebook -> {first cell of an exercise section: the cell the notebook says to rerun from}.
 RESTART_FROM: dict[str, dict[str, str]] = {
-    "05_ddp_training.ipynb": {section: "cell-07" for section in      # its opening cell says so
-                              ("cell-20", "cell-34", "cell-48", "cell-51", "cell-62", "cell-72")},
+    # Its opening cell says so; not for cell-72 (Join), whose text says to rerun only its exercise
+    # cell, since the check makes its own model: so that section reruns nothing before it.
+    "05_ddp_training.ipynb": {section: "cell-07" for section in
+                              ("cell-20", "cell-34", "cell-48", "cell-51", "cell-62")},
     "10_checkpoints_and_failures.ipynb": {"cell-32": "cell-29"},        # cell-32 says so
 }
 #: notebook -> the set-up cells it says to run again after every lab.restart() (see its set-up text).

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._core import forbidding, peer, swap_peer_calls
+from ._core import peer, swap_peer_calls
+from ._forbid import forbidding
 from ._reference import refusing_reference
 
 __all__ = ["message_log", "ring_problems", "tree_depth"]

@@ -21,15 +21,13 @@ from typing import Any, Callable
 
 from ..text import plural
 from ._core import (
-    deadlock,
-    forbidding,
     lab_or_current,
     passed,
     peer,
-    run_on_ranks,
     run_student_code,
     swap_peer_calls,
 )
+from ._forbid import COLLECTIVES, forbidding
 from ._messages import message_log, ring_problems, tree_depth
 from ._reference import refusing_reference
 
@@ -41,10 +39,6 @@ __all__ = [
     "tree_all_reduce",
 ]
 
-#: Collectives a send/recv exercise may not call (it would be building all_reduce from all_reduce).
-COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-               "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-               "all_to_all_single", "scatter", "gather")
 #: Lengths every checker tries: 1 (shorter than world_size), odd, prime, large-ish and uneven.
 LENGTHS = (1, 6, 13, 1000, 4099)
 DTYPES = ("float32", "float64", "int64", "int32")
@@ -264,6 +258,16 @@ def naive_all_reduce(fn: Callable, lab: Any = None) -> None:
                      "sum back; the other ranks send theirs, then receive into their tensor.", lab)
 
 
+def _follow_messages(fn: Callable, exercise: str, length: int, lab: Any) -> list[list]:
+    """Every rank's sends and receives in one call of ``fn`` on ``length`` elements (``message_log``).
+
+    A hang is reported like any case's, within ``DEADLOCK_TIMEOUT`` and with its hint.
+    """
+    return run_student_code(f"{exercise}(tensor) on shape=[{length}], dtype=float32, its messages "
+                            f"followed", message_log, fn, exercise, length, COLLECTIVES, lab=lab,
+                            timeout=DEADLOCK_TIMEOUT, hint=DEADLOCK_HINT)
+
+
 RING_HINT = ("cut the tensor with t.view(-1).tensor_split(world_size) (lengths may differ); "
              "in the reduce-scatter send chunk (rank - step) % p and add the one received "
              "into chunk (rank - step - 1) % p; then the all-gather copies the finished "
@@ -287,7 +291,7 @@ def ring_all_reduce(fn: Callable, lab: Any = None) -> None:
     check_all_reduce(fn, exercise, COLLECTIVES, RING_HINT, lab, quiet=True)
     p = lab.world_size
     length = _RING_CHUNK * p
-    logs = run_on_ranks(message_log, fn, exercise, length, COLLECTIVES, lab=lab, timeout=60)
+    logs = _follow_messages(fn, exercise, length, lab)
     problems = ring_problems(logs, length)
     if problems:
         raise AssertionError(
@@ -311,8 +315,6 @@ def recursive_doubling_all_reduce(fn: Callable, lab: Any = None) -> None:
     on ranks 0..p-2 alone as a job of p - 1 ranks (3), so that an answer
     without the non-power-of-two steps fails.
     """
-    from ddplab.errors import HangError
-
     exercise = "recursive_doubling_all_reduce"
     hint = ("in round k exchange the whole tensor with rank ^ (1 << k) and add; wait for "
             "your isend before adding into the tensor you are sending.")
@@ -324,14 +326,17 @@ def recursive_doubling_all_reduce(fn: Callable, lab: Any = None) -> None:
         return
     check_all_reduce(fn, exercise, COLLECTIVES, hint, lab, quiet=True)
     case_list = cases()
-    try:
-        got = run_on_ranks(_run_cases, fn, case_list, COLLECTIVES, exercise, odd,
-                           lab=lab, ranks=range(odd), timeout=60)
-    except HangError as exc:
-        raise deadlock(f"{exercise} on {odd} ranks (0..{odd - 1} of this lab)", exc, 60,
-                       f"with p = {odd}, q = {1 << (odd.bit_length() - 1)}: ranks q..p-1 first send "
-                       f"their tensor to rank r - q and receive the result from it at the end; only "
-                       f"ranks 0..q-1 run the rounds.") from None
+    got: dict[int, list[dict]] = {r: [] for r in range(odd)}
+    for case in case_list:           # one call per case: a deadlock shows within DEADLOCK_TIMEOUT
+        verdicts = run_student_code(
+            f"{exercise} on {odd} ranks (0..{odd - 1} of this lab), shape={list(case[0])}, "
+            f"dtype={case[1]}", _run_cases, fn, [case], COLLECTIVES, exercise, odd, lab=lab,
+            ranks=range(odd), timeout=DEADLOCK_TIMEOUT,
+            hint=f"with p = {odd}, q = {1 << (odd.bit_length() - 1)}: ranks q..p-1 first send "
+                 f"their tensor to rank r - q and receive the result from it at the end; only "
+                 f"ranks 0..q-1 run the rounds.")
+        for rank in range(odd):
+            got[rank].extend(verdicts[rank])
     _report(f"{exercise} on {odd} ranks", [got[r] for r in range(odd)],
             f"{odd} is not a power of two: ranks q..p-1 (q the largest power of two <= p) send "
             f"their tensor to rank r - q, which adds it before the rounds and sends the sum back "
@@ -355,7 +360,7 @@ def tree_all_reduce(fn: Callable, lab: Any = None) -> None:
             "Then the same tree backwards: receive from your parent, send to your children.")
     lab = lab_or_current(lab)
     check_all_reduce(fn, exercise, COLLECTIVES, hint, lab, quiet=True)
-    logs = run_on_ranks(message_log, fn, exercise, 6, COLLECTIVES, lab=lab, timeout=60)
+    logs = _follow_messages(fn, exercise, 6, lab)
     p = lab.world_size
     levels = (p - 1).bit_length()                       # ceil(log2 p)
     sends = sum(op == "send" for log in logs for op, _, _ in log)

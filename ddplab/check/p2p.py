@@ -24,13 +24,13 @@ from typing import Any, Callable
 
 from ._core import (
     compare,
-    forbidding,
     lab_or_current,
     passed,
     run_student_code,
     swap_peer_calls,
     values_on_ranks,
 )
+from ._forbid import COLLECTIVES, forbidding
 
 __all__ = ["all_gather_p2p", "neighbour_exchange", "ping_pong", "ring_token", "swap_tensors"]
 
@@ -40,10 +40,6 @@ _CASES = [((1,), "float32"), ((5,), "float32"), ((2, 3), "float64"), ((4,), "int
 _CHECK_TIMEOUT = 15.0            # a trial takes well under a second: longer is a deadlock
 _DEADLOCK_HINT = ("two blocking sends facing each other wait forever; post the receives before "
                   "waiting (isend/irecv or batch_isend_irecv).")
-#: Collectives ``my_all_gather`` may not call: it builds all_gather from point-to-point calls.
-_COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce",
-                "broadcast", "gather", "scatter", "all_to_all", "all_to_all_single", "reduce",
-                "reduce_scatter", "reduce_scatter_tensor")
 
 
 def sample(case: int, rank: int) -> Any:
@@ -238,7 +234,7 @@ def _all_gather_trial(fn: Callable, case: int) -> list[Any]:
     dist.all_gather(expected, t.clone())
     # Filled with -1, so an entry the student never writes shows as -1, not as a lucky 0.
     got = [torch.full_like(t, -1) for _ in range(n)]
-    with forbidding(_COLLECTIVES, "my_all_gather", builds="all_gather"), _matching(case):
+    with forbidding(COLLECTIVES, "my_all_gather", builds="all_gather"), _matching(case):
         fn(got, t)
     return [got, expected, t]
 

@@ -10,8 +10,9 @@ The student traces a cell, reads the picture, and writes down what it shows:
 Each checker works the answer out again from the trace's own events (the
 given ``trace``, else the one that stopped last), never from a stored value:
 if the run changes, so does the right answer. A wrong answer raises an
-``AssertionError`` that says why the answer is wrong (``who_waited`` without
-giving the right call away) and how to read the picture.
+``AssertionError`` that says why the answer is wrong and how to read the
+picture, never what the right answer is: no right rank, count or call, and no
+measured time (which would point at it).
 """
 
 from __future__ import annotations
@@ -34,19 +35,6 @@ def _trace(trace: Any, checker: str) -> Any:
     return trace
 
 
-def _seconds(value: float) -> str:
-    from ..timeline import seconds
-    return seconds(value)
-
-
-def _waits_by_rank(trace: Any, kinds: tuple[str, ...]) -> str:
-    lines = []
-    for rank in trace.ranks:
-        waited = sum(e.waited for e in trace.on(rank) if e.kind in kinds)
-        lines.append(f"  rank {rank}: waited {_seconds(waited)} for others")
-    return "\n".join(lines)
-
-
 def straggler(answer: Any, trace: Any = None) -> None:
     """Which rank did the others wait for in the collectives? ``answer``: a rank number."""
     __tracebackhide__ = True
@@ -59,12 +47,27 @@ def straggler(answer: Any, trace: Any = None) -> None:
         raise AssertionError(f"answer with a rank number, e.g. ddplab.check.straggler(0); "
                              f"got {answer!r}.")
     if answer != truth:
-        raise AssertionError(
-            f"rank {answer} is not the straggler: in the trace the others waited for rank "
-            f"{truth}.\n{_waits_by_rank(trace, ('collective',))}\nHint: the straggler is the "
-            f"rank whose collective box has no hatching; everyone else's box is hatched while "
-            f"they wait for it to arrive.")
+        raise AssertionError(f"rank {answer} is not the straggler: {_not_straggler(trace, answer)}\n"
+                             f"Hint: the straggler is the rank whose collective box has no "
+                             f"hatching; everyone else's box is hatched while they wait for it "
+                             f"to arrive.")
     passed(f"rank {truth} arrived last, and every other rank waited for it in the collective.")
+
+
+def _not_straggler(trace: Any, rank: int) -> str:
+    """Why ``rank`` is not the straggler, without naming the one that is."""
+    if rank not in trace.ranks:
+        return f"the trace has ranks {', '.join(map(str, trace.ranks))}, and no rank {rank}."
+    instances = [i for i in trace.collectives() if len(i) > 1]
+    waited = any(e.waited > 0 for i in instances for e in i if e.rank == rank)
+    last = any(max(i, key=lambda e: e.start).rank == rank for i in instances)
+    if waited and not last:
+        return (f"rank {rank} itself waited in the collective for another rank (its box is "
+                f"hatched), so it was not the one the others waited for.")
+    if not last:
+        return f"rank {rank} never arrived last at a collective, so nobody waited for it."
+    return (f"the others did wait for rank {rank} in a collective, but in all they waited longer "
+            f"for another rank.")
 
 
 def who_waited(answer: Any, trace: Any = None) -> None:
@@ -117,17 +120,17 @@ def ddp_all_reduces(answer: Any, trace: Any = None) -> None:
         raise AssertionError(f"answer with a number, e.g. ddplab.check.ddp_all_reduces(3); "
                              f"got {answer!r}.")
     if answer != len(issued):
-        sizes = ", ".join(_size(e.nbytes) for e in issued) or "none"
-        raise AssertionError(f"DDP issued {len(issued)} all_reduce(s) during the last backward "
-                             f"on rank {rank}, not {answer}: {sizes}.\nHint: count the purple "
-                             f"'by torch' bars that start inside the grey backward box; each is "
-                             f"one gradient bucket.")
+        everywhere = sum(1 for e in trace.on(rank) if e.op == "all_reduce" and e.source == "torch")
+        if answer == everywhere:
+            why = ("that counts the all_reduces of every backward in the trace (each training step "
+                   "has its own backward); count only those of the last one")
+        else:
+            why = f"that is too {'many' if answer > len(issued) else 'few'}"
+        raise AssertionError(f"DDP did not issue {answer} all_reduce(s) during the last backward "
+                             f"on rank {rank}: {why}.\nHint: count the purple 'by torch' bars that "
+                             f"start inside the last grey backward box; each is one gradient "
+                             f"bucket.")
     passed(f"DDP issued {len(issued)} bucket all_reduce(s) while backward was still running.")
-
-
-def _size(nbytes: int) -> str:
-    from ..timeline import size
-    return size(nbytes)
 
 
 def messages_per_rank(answer: Any, trace: Any = None) -> None:
@@ -144,7 +147,13 @@ def messages_per_rank(answer: Any, trace: Any = None) -> None:
         raise AssertionError(f"answer with a number, e.g. ddplab.check.messages_per_rank(4); "
                              f"got {answer!r}.")
     if answer != truth:
-        raise AssertionError(f"each rank sent {truth} message(s) in the trace, not {answer}.\n"
-                             + "\n".join(f"  rank {r}: {n} sends" for r, n in counts.items())
-                             + "\nHint: count the arrows leaving one rank's lane.")
+        if answer == 2 * truth:
+            why = "that counts the receives too (an arrow's both ends); count only what one rank sends"
+        elif answer == truth * len(trace.ranks):
+            why = "that is every rank's messages together; the question is per rank"
+        else:
+            why = f"that is too {'many' if answer > truth else 'few'}"
+        raise AssertionError(f"each rank did not send {answer} message(s) in the traced run: {why}."
+                             f"\nHint: count the arrows leaving one rank's lane (a send or isend "
+                             f"each).")
     passed(f"each rank sent {truth} messages.")

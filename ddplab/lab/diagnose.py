@@ -243,12 +243,22 @@ def deadlock_hint(states: dict[int, str], where: dict[int, str], stacks: dict[in
                 "matching recv is posted, so ranks that all send first wait for each other for "
                 "ever. Let one side receive first (e.g. even ranks send then receive, odd ranks "
                 "receive then send), or use dist.isend / dist.irecv and wait() on both.")
+    idle = sorted(rank for rank, state in states.items() if state != "still running")
     if all(call in ("send", "recv") for call in calls.values()):
-        idle = sorted(rank for rank, state in states.items() if state != "still running")
         if idle:
             return (f"Hint: ranks wait in send/recv for {plural(len(idle), 'rank')} "
                     f"{', '.join(map(str, idle))}, which finished the cell: check that every "
                     f"send has its recv on the rank it names (dst=/src=), and that no rank skips "
                     f"its part behind an `if rank == ...`.")
+        return ""
+    # A collective skipped or mismatched is the flight recorder's to say (``flight.report``); it
+    # does not see new_group, whose gloo set-up waits for every member of the new group.
+    if idle and all(call == "new_group" for call in calls.values()):
+        waiting = sorted(calls)
+        return (f"Hint: {plural(len(waiting), 'rank')} {', '.join(map(str, waiting))} "
+                f"{'wait' if len(waiting) > 1 else 'waits'} in new_group for "
+                f"{plural(len(idle), 'rank')} {', '.join(map(str, idle))}, which finished the cell "
+                f"without calling it. new_group is itself a collective of all ranks: every rank "
+                f"calls it for every group, the groups it is not in too, in the same order.")
     return ""
 

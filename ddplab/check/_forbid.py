@@ -1,0 +1,94 @@
+"""Exercises that build a collective from send/recv may not issue one, under any name.
+
+Replacing ``dist.all_gather`` in the module is not enough: an answer that ran
+``from torch.distributed import all_gather as ag`` before the check holds the
+real function, and every ``dist`` collective runs through its process group
+anyway. So ``forbidding`` refuses the collective itself: for the student's
+call only, the methods of torch's process group classes that carry it out
+(``ProcessGroup.allgather``, ``.allreduce``, ... and the same methods of
+each backend, which a group hands the work to) raise an ``AssertionError``
+naming the ``dist`` function that was called and the student's line.
+
+What it does not see: torch's functional collectives
+(``torch.distributed._functional_collectives``), which reach the backend in C++.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Iterator
+
+__all__ = ["COLLECTIVES", "forbidding"]
+
+#: torch's collectives, by the ``dist`` function a student knows, and the methods of a
+#: process group (or its backend) that carry each one out.
+_METHODS = {
+    "all_reduce": ("allreduce", "allreduce_coalesced"),
+    "reduce": ("reduce",),
+    "broadcast": ("broadcast",),
+    "all_gather": ("allgather", "allgather_coalesced", "allgather_into_tensor_coalesced",
+                   "_allgather_base", "all_gather_single", "all_gather_single_coalesced"),
+    "gather": ("gather",),
+    "scatter": ("scatter",),
+    "reduce_scatter": ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_single_coalesced",
+                       "reduce_scatter_tensor_coalesced", "_reduce_scatter_base"),
+    "all_to_all": ("alltoall", "alltoall_base", "all_to_all_single"),
+}
+#: Every collective that moves data (``barrier`` moves none, and stays allowed).
+COLLECTIVES = tuple(_METHODS)
+
+
+def _classes() -> list[type]:
+    """torch's process group class and every backend class (gloo, nccl, ...) that defines methods."""
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import Backend
+
+    found, todo = [dist.ProcessGroup, Backend], [Backend]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            found.append(sub)
+            todo.append(sub)
+    return found
+
+
+def _refusal(collective: str, method: str, exercise: str, builds: str, every: bool):
+    def refuse(self, *args, **kwargs):
+        __tracebackhide__ = True
+        from ddplab.rank.where import locate, records
+
+        found = locate(records(sys._getframe(1)))
+        called = (f"dist.{found.call}" if found.call
+                  else f"{collective}, through the process group's .{method}")
+        at = f" (at {found.line})" if found.line else ""
+        how, advice = (("from send/recv", "Use dist.send/dist.recv (or isend/irecv) only.") if every
+                       else ("itself", "Build it from the calls the exercise names."))
+        raise AssertionError(
+            f"{exercise} builds {builds} {how}, so it may not call {called}{at}. The check "
+            f"refuses the collective itself, whatever name it is imported or called by. {advice}")
+    return refuse
+
+
+@contextlib.contextmanager
+def forbidding(collectives: tuple[str, ...], exercise: str, builds: str = "all_reduce") -> Iterator[None]:
+    """While the block runs, the ``collectives`` (names from ``COLLECTIVES``) raise on this rank.
+
+    ``exercise`` and ``builds`` name the exercise and what it builds, for the message.
+    """
+    unknown = sorted(set(collectives) - set(_METHODS))
+    if unknown:
+        raise ValueError(f"ddplab: forbidding() knows the collectives {', '.join(COLLECTIVES)}, "
+                         f"not {', '.join(unknown)}.")
+    every = set(collectives) == set(COLLECTIVES)
+    classes, saved = _classes(), []
+    try:
+        for collective in collectives:
+            for method in _METHODS[collective]:
+                for cls in classes:
+                    if method in cls.__dict__:      # the raw descriptor: restoring it keeps binding
+                        saved.append((cls, method, cls.__dict__[method]))
+                        setattr(cls, method, _refusal(collective, method, exercise, builds, every))
+        yield
+    finally:
+        for cls, method, value in reversed(saved):
+            setattr(cls, method, value)
