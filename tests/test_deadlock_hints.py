@@ -44,6 +44,10 @@ def test_ranks_that_all_send_first(fresh_lab):
 
 
 def test_ddp_made_on_rank_0_only_says_the_constructor_is_a_collective(fresh_lab):
+    # DDP once on every rank first: a fresh rank's first DDP imports torch modules
+    # for seconds under load, and the hint needs rank 0 inside DDP by the timeout.
+    fresh_lab.run_cell("from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                       "DDP(torch.nn.Linear(3, 2))\n", timeout=120)
     message = _hang(fresh_lab, "from torch.nn.parallel import DistributedDataParallel as DDP\n"
                                "model = torch.nn.Linear(3, 2)\n"
                                "if rank == 0:\n"
