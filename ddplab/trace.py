@@ -42,7 +42,7 @@ from .errors import ConfigError, DdplabError, HangError
 from .rank import trace as _rank
 from .rank.trace import region
 
-__all__ = ["Event", "Trace", "last", "region", "uneven_work"]
+__all__ = ["Event", "Trace", "last", "region", "set_last", "uneven_work"]
 _last: Trace | None = None
 _recording: dict[int, Trace] = {}      # id(lab) -> its trace that is recording now
 log = logging.getLogger(__name__)
@@ -319,6 +319,12 @@ class Zoom:
 def last() -> Trace | None:
     """The trace that stopped most recently in this kernel (what checkers read)."""
     return _last
+
+
+def set_last(trace: Trace | None) -> None:
+    """Make ``trace`` what ``last()`` returns: the grader's copy of a kernel's last trace."""
+    global _last
+    _last = trace
 
 
 def _measure_offsets(lab: Any, ranks: list[int], rounds: int = 5) -> dict[int, Clock]:

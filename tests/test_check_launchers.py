@@ -117,3 +117,18 @@ def no_port_env(*args):
 def test_launcher_env_rejects_wrong_envs(wrong, words):
     with pytest.raises(AssertionError, match=f"(?s){words}"):
         ddplab.check.launcher_env(wrong, fake_two_node_launch())
+
+
+def _formula_only_on_a_rank(node, local, nproc):
+    """Right on a lab's rank, wrong anywhere else: shows where the checker ran it."""
+    from ddplab.rank.engine import in_lab
+    return node * nproc + local if in_lab() else -1
+
+
+def test_global_rank_runs_the_function_on_rank_0_of_a_running_lab(fresh_lab, capsys):
+    """Where a grader can check it without running the student's code itself
+    (ddplab.course.grade_witness); with no lab it runs here."""
+    ddplab.check.global_rank(_formula_only_on_a_rank, fake_two_node_launch())
+    assert capsys.readouterr().out.startswith("Correct: global rank = node_rank * nproc_per_node")
+    with pytest.raises(AssertionError, match=r"global_rank\(0, 0, 2\) raised ZeroDivisionError"):
+        ddplab.check.global_rank(lambda node, local, nproc: 1 // 0, fake_two_node_launch())

@@ -107,3 +107,16 @@ def test_physical_gpu_rejects(wrong, case):
 def test_physical_gpu_names_a_missing_function():
     with pytest.raises(AssertionError, match="physical_gpu must be a function"):
         ddplab.check.physical_gpu(None)
+
+
+def _right_only_on_a_rank(index, visible):
+    """Right on a lab's rank, wrong anywhere else: shows where the checker ran it."""
+    from ddplab.rank.engine import in_lab
+    return right_physical_gpu(index, visible) if in_lab() else -1
+
+
+def test_physical_gpu_runs_the_function_on_rank_0_of_a_running_lab(fresh_lab, capsys):
+    """Where a grader can check it without running the student's code itself
+    (ddplab.course.grade_witness); with no lab it runs here (the tests above)."""
+    ddplab.check.physical_gpu(_right_only_on_a_rank)
+    assert capsys.readouterr().out.startswith("Correct: cuda:i is the i-th GPU")

@@ -52,6 +52,39 @@ def run_on_ranks(fn: Callable, *args: Any, lab: Any = None, **kwargs: Any) -> li
     return lab_or_current(lab).run(fn, *args, **kwargs)
 
 
+def _answer_each(fn: Callable, calls: list[tuple]) -> list[tuple]:
+    """``fn(*args)`` for each ``args``: ``("ok", value)`` or ``("raised", name, message)``."""
+    answers: list[tuple] = []
+    for args in calls:
+        try:
+            answers.append(("ok", fn(*args)))
+        except Exception as exc:  # noqa: BLE001 - a wrong answer, reported like one
+            answers.append(("raised", type(exc).__name__, str(exc)))
+    return answers
+
+
+def answers_of(fn: Callable, calls: list[tuple], lab: Any = None) -> list[tuple]:
+    """The student's ``fn(*args)`` for each of ``calls``, computed on rank 0 of the running lab.
+
+    For an exercise that is a plain function (``physical_gpu``, ``zero_bytes``):
+    run where the student's code runs, on a rank, so that a grader can check it
+    without ever running the student's code in its own process
+    (``ddplab.course.grade_witness``). With no lab running, here. Each answer is
+    ``("ok", value)`` or ``("raised", exception name, message)``.
+    """
+    from ddplab.lab.current_lab import current_or_none
+
+    lab = lab if lab is not None else current_or_none()
+    if lab is None or not lab.running:
+        return _answer_each(fn, calls)
+    return lab.run(_answer_each, fn, calls, ranks=[0])[0]
+
+
+def spell_raised(answer: tuple) -> str:
+    """``raised IndexError: list index out of range`` for a ``("raised", ...)`` answer."""
+    return f"raised {answer[1]}" + (f": {answer[2]}" if answer[2] else "")
+
+
 #: Seconds the first DDP step of a fresh rank may take (imports torch's lazy modules): not a deadlock.
 WARM_UP_TIMEOUT = 120.0
 

@@ -2,7 +2,7 @@
 
     ddplab.check.store_barrier(store_barrier)             # run on the ranks, with a real TCPStore
     ddplab.check.global_rank(global_rank, two_nodes)      # against what torchrun really set
-    ddplab.check.launcher_env(launcher_env, two_nodes)
+    ddplab.check.launcher_env(launcher_env, two_nodes)     # (the function runs on rank 0)
     ddplab.check.own_group_demo(all_reduce_demo)           # through lab.spawn, on the lab's ranks
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from ._core import compare, lab_or_current, passed
+from ._core import answers_of, compare, lab_or_current, passed, spell_raised
 
 log = logging.getLogger(__name__)
 
@@ -118,37 +118,48 @@ def _workers(launch: Any) -> list[dict]:
     return [reports[rank] for rank in sorted(reports)]
 
 
-def global_rank(fn: Callable, launch: Any) -> None:
+def _answers(name: str, fn: Callable, calls: list[tuple], lab: Any) -> list[Any]:
+    """``fn(*args)`` for each call, on rank 0 (``answers_of``); the first exception fails the check."""
+    answers = answers_of(fn, calls, lab)
+    for args, answer in zip(calls, answers):
+        if answer[0] != "ok":
+            raise AssertionError(f"{name}{tuple(args)!r} {spell_raised(answer)}")
+    return [answer[1] for answer in answers]
+
+
+def global_rank(fn: Callable, launch: Any, lab: Any = None) -> None:
     """Check ``fn(node_rank, local_rank, nproc_per_node)`` against torchrun's own RANK.
 
     First against every worker of the real two-node launch, then against a
     3-node x 4-process layout numbered node by node, as torchrun numbers them.
+    ``fn`` runs on rank 0 of the running lab (``answers_of``), or here if none runs.
     """
     workers = _workers(launch)
     expected = [int(w["RANK"]) for w in workers]
-    got = [fn(int(w["GROUP_RANK"]), int(w["LOCAL_RANK"]), int(w["LOCAL_WORLD_SIZE"]))
-           for w in workers]
-    hint = "all of node 0's processes come first, then node 1's, and so on."
-    compare("global rank of torchrun's workers", expected, got, hint=hint)
     layout = [(node, local) for node in range(3) for local in range(4)]
+    calls = [(int(w["GROUP_RANK"]), int(w["LOCAL_RANK"]), int(w["LOCAL_WORLD_SIZE"]))
+             for w in workers] + [(node, local, 4) for node, local in layout]
+    got = _answers("global_rank", fn, calls, lab)
+    hint = "all of node 0's processes come first, then node 1's, and so on."
+    compare("global rank of torchrun's workers", expected, got[:len(workers)], hint=hint)
     compare("global rank in a 3-node x 4-process job", list(range(len(layout))),
-            [fn(node, local, 4) for node, local in layout], hint=hint)
+            got[len(workers):], hint=hint)
     passed("global rank = node_rank * nproc_per_node + local_rank, as torchrun numbers them "
            "with its default, static rendezvous.")
 
 
-def launcher_env(fn: Callable, launch: Any) -> None:
+def launcher_env(fn: Callable, launch: Any, lab: Any = None) -> None:
     """Check ``fn(node_rank, local_rank, nnodes, nproc_per_node, master_addr, master_port)``,
-    a dict of the env:// variables, against what torchrun gave each worker of the launch."""
+    a dict of the env:// variables, against what torchrun gave each worker of the launch.
+    ``fn`` runs on rank 0 of the running lab (``answers_of``), or here if none runs."""
     workers = _workers(launch)
     nnodes = len(launch.commands)
-    expected, got = [], []
-    for w in workers:
-        expected.append({k: w[k] for k in ENV_KEYS})
-        answer = fn(int(w["GROUP_RANK"]), int(w["LOCAL_RANK"]), nnodes, int(w["LOCAL_WORLD_SIZE"]),
-                    w["MASTER_ADDR"], int(w["MASTER_PORT"]))
-        got.append({k: answer.get(k, "<missing>") for k in ENV_KEYS}
-                   if isinstance(answer, dict) else answer)
+    expected = [{k: w[k] for k in ENV_KEYS} for w in workers]
+    answers = _answers("launcher_env", fn, [
+        (int(w["GROUP_RANK"]), int(w["LOCAL_RANK"]), nnodes, int(w["LOCAL_WORLD_SIZE"]),
+         w["MASTER_ADDR"], int(w["MASTER_PORT"])) for w in workers], lab)
+    got = [{k: answer.get(k, "<missing>") for k in ENV_KEYS} if isinstance(answer, dict) else answer
+           for answer in answers]
     compare("the environment of torchrun's workers", expected, got,
             hint="environment variables are strings (str(...)); WORLD_SIZE counts the processes "
                  "of every node, LOCAL_WORLD_SIZE those of one node.")

@@ -1,7 +1,7 @@
 """Checkers for notebook 07 (multi-node numbering); see _core for the shared behaviour.
 
     ddplab.check.who_prints(who_prints)    # a prediction made in the kernel, no ranks involved
-    ddplab.check.physical_gpu(physical_gpu)  # a function written in the kernel, called here
+    ddplab.check.physical_gpu(physical_gpu)  # a function of the kernel's, called on rank 0
 
 The expected answer comes from ``ddplab.hosts.rank_table``, which numbers the
 ranks the way torchrun's static rendezvous does (``tests/test_check_multinode.py``
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._core import passed
+from ._core import answers_of, passed, spell_raised
 
 __all__ = ["physical_gpu", "who_prints"]
 
@@ -92,22 +92,22 @@ NODE_PLANS = {
 }
 
 
-def physical_gpu(fn: Any) -> None:
+def physical_gpu(fn: Any, lab: Any = None) -> None:
     """Check ``fn(index, cuda_visible_devices)``: the physical GPU that ``cuda:<index>`` names.
 
     ``cuda_visible_devices`` is the variable's value as a string, or None when it
-    is unset; the answer is None when the process has no ``cuda:<index>``.
+    is unset; the answer is None when the process has no ``cuda:<index>``. ``fn``
+    runs on rank 0 of the running lab (``answers_of``), or here if none runs.
     """
     __tracebackhide__ = True
     if not callable(fn):
         raise AssertionError(f"physical_gpu must be a function (index, cuda_visible_devices), got "
                              f"{type(fn).__name__}. Define it with def in the exercise cell.")
+    plan_calls = [w for workers in NODE_PLANS.values() for w in workers]
+    answers = answers_of(fn, [(index, visible) for index, visible, _ in GPU_CASES] + plan_calls)
     lines = []
-    for index, visible, want in GPU_CASES:
-        try:
-            got: Any = fn(index, visible)
-        except Exception as e:                 # a wrong answer, reported like one
-            got = f"raised {type(e).__name__}: {e}"
+    for (index, visible, want), answer in zip(GPU_CASES, answers):
+        got: Any = answer[1] if answer[0] == "ok" else spell_raised(answer)
         if got != want or isinstance(got, bool):
             lines.append(f"  physical_gpu({index}, {visible!r}): expected {want!r}, got {got!r}")
     if lines:
@@ -116,6 +116,7 @@ def physical_gpu(fn: Any) -> None:
             + "\nHint: a process numbers the GPUs it sees from 0, in the order CUDA_VISIBLE_DEVICES "
               "lists them, so cuda:i is the i-th entry of that list (unset: GPU i itself). An index "
               "past the list's end names no GPU: return None.")
-    plans = "; ".join(f"{name}: workers use GPUs {[fn(*w) for w in workers]}"
+    used = iter(a[1] if a[0] == "ok" else spell_raised(a) for a in answers[len(GPU_CASES):])
+    plans = "; ".join(f"{name}: workers use GPUs {[next(used) for _ in workers]}"
                       for name, workers in NODE_PLANS.items())
     passed(f"cuda:i is the i-th GPU CUDA_VISIBLE_DEVICES lists. {plans}.")

@@ -24,7 +24,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._core import compare, lab_or_current, passed, require_function, run_student_code
+from ._core import (
+    answers_of,
+    compare,
+    lab_or_current,
+    passed,
+    require_function,
+    run_student_code,
+    spell_raised,
+)
 
 __all__ = ["column_parallel", "row_parallel", "shard_model", "zero_bytes"]
 
@@ -48,8 +56,11 @@ def _stage_bytes(n_params: int, world_size: int, stage: int) -> dict[str, int]:
             "optimizer": 2 * (shard if stage >= 1 else full)}
 
 
-def zero_bytes(fn: Callable) -> None:
-    """Check ``fn(n_params, world_size, stage)``: per-rank bytes of DDP (stage 0) and ZeRO 1, 2, 3."""
+def zero_bytes(fn: Callable, lab: Any = None) -> None:
+    """Check ``fn(n_params, world_size, stage)``: per-rank bytes of DDP (stage 0) and ZeRO 1, 2, 3.
+
+    ``fn`` runs on rank 0 of the running lab (``answers_of``), or here if none runs.
+    """
     __tracebackhide__ = True
     if not callable(fn):
         raise AssertionError(f"pass your function, as in ddplab.check.zero_bytes(zero_bytes); "
@@ -58,24 +69,24 @@ def zero_bytes(fn: Callable) -> None:
              1: "stage 1 shards only the optimizer state: parameters and gradients stay whole.",
              2: "stage 2 shards the optimizer state and the gradients, not the parameters.",
              3: "stage 3 (FSDP) shards all three: each rank keeps 1/world_size of each."}
-    for n_params, world_size in [(26_122 * 4, 2), (1_000_000, 4), (1_000_000, 8)]:
-        for stage in range(4):
-            expected = _stage_bytes(n_params, world_size, stage)
-            try:
-                got = fn(n_params, world_size, stage)
-            except Exception as exc:
-                detail = f": {exc}" if str(exc) else ""
-                raise AssertionError(f"zero_bytes({n_params}, {world_size}, {stage}) raised "
-                                     f"{type(exc).__name__}{detail}") from None
-            if isinstance(got, dict):
-                got = {key: int(value) if isinstance(value, float) and value.is_integer() else value
-                       for key, value in got.items()}
-            if got != expected:
-                raise AssertionError(
-                    f"zero_bytes({n_params}, {world_size}, stage={stage}) is wrong.\n"
-                    f"  expected {expected!r}\n  got      {got!r}\n"
-                    f"Hint: a dict with keys 'parameters', 'gradients', 'optimizer', each in bytes "
-                    f"(float32: 4 bytes a value). {hints[stage]}")
+    cases = [(n_params, world_size, stage)
+             for n_params, world_size in [(26_122 * 4, 2), (1_000_000, 4), (1_000_000, 8)]
+             for stage in range(4)]
+    for (n_params, world_size, stage), answer in zip(cases, answers_of(fn, cases, lab)):
+        expected = _stage_bytes(n_params, world_size, stage)
+        if answer[0] != "ok":
+            raise AssertionError(f"zero_bytes({n_params}, {world_size}, {stage}) "
+                                 f"{spell_raised(answer)}")
+        got = answer[1]
+        if isinstance(got, dict):
+            got = {key: int(value) if isinstance(value, float) and value.is_integer() else value
+                   for key, value in got.items()}
+        if got != expected:
+            raise AssertionError(
+                f"zero_bytes({n_params}, {world_size}, stage={stage}) is wrong.\n"
+                f"  expected {expected!r}\n  got      {got!r}\n"
+                f"Hint: a dict with keys 'parameters', 'gradients', 'optimizer', each in bytes "
+                f"(float32: 4 bytes a value). {hints[stage]}")
     passed("zero_bytes gives what each rank keeps under DDP and ZeRO stages 1, 2 and 3.")
 
 

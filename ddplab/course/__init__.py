@@ -3,7 +3,10 @@
 - ``release``: swap every solution for nbgrader's stub.
 - ``grade``: grade submissions (``grade_plan`` decides what runs, ``grade_run``
   runs it in a fresh kernel, ``report`` prints the table, CSV and JUnit XML).
-- ``grade_check``: how a check cell runs, so a submission cannot forge its verdict.
+- ``grade_witness``: the grading worker runs each check itself, out of the submission's
+  reach (``grade_witness_lab``: its handle on the ranks; ``grade_unpickle``: what it
+  loads from the submission's processes). ``grade_check``: the guard of a check cell
+  that must run in the submission's kernel (forgeable).
 - ``sandbox``: the bubblewrap sandbox each submission is graded in.
 - ``outputs``: checked output paths, atomic writes, the journal behind ``--resume``.
 - ``cli``: the ``ddplab`` command (``doctor``, ``release``, ``grade``).

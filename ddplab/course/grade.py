@@ -42,16 +42,16 @@ its own pid, mount, network and user namespaces, so it sees no other
 process, no reference, no other submission and no output of the grader,
 and everything it starts dies with it. The worker is a child subreaper and
 ends what it adopted; the grader plans and scores, the worker runs cells in
-the kernel and, for the check cells that need only the lab, runs the check
-itself against the ranks (``ddplab.course.grade_witness``), where the
-submission's code never ran. Every finished result is journalled
-(``ddplab.course.outputs``).
+the kernel and runs every check cell itself against the ranks
+(``ddplab.course.grade_witness``), where the submission's code never ran.
+Every finished result is journalled (``ddplab.course.outputs``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -69,6 +69,7 @@ from .outputs import Journal
 from .release import notebooks_in
 
 DEFAULT_CELL_TIMEOUT = 120.0
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -165,14 +166,16 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
     if not paths:
         raise GradeError("ddplab grade: no submitted notebooks found. Name .ipynb files or folders.")
     names = {p.name for p in notebooks_in([reference])}
-    work = []
+    work, checked = [], set()
     for path in paths:
         try:
             ref = _reference_for(path, reference)
         except FileNotFoundError as e:
             work.append((path, None, str(e)))
             continue
-        check_reference(ref)               # an unusable reference stops everything, now
+        if ref not in checked:
+            checked.add(ref)
+            _say_unwitnessed(ref)          # an unusable reference stops everything, now
         work.append((path, ref, ""))
     jobs = max(1, min(jobs or default_jobs(), len(work)))
     finished = journal.done() if journal is not None else {}
@@ -200,6 +203,17 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
     with shared as template_env, ThreadPoolExecutor(max_workers=jobs) as pool:
         env = dict(os.environ, **template_env)
         return list(pool.map(lambda item: one(item, env), work))
+
+
+def _say_unwitnessed(ref: Path) -> None:
+    """Check the reference; warn of each check cell the grader cannot run itself (forgeable)."""
+    _, found = check_reference(ref)
+    for ex in found:
+        if not grade_witness.witnessable(ex.check.source):
+            log.warning("ddplab grade: check cell %s of %s is not a call of a ddplab.check "
+                        "function on names and literals, so it runs in the submission's kernel, "
+                        "where a submission can forge it (README, \"Grading a hostile class\").",
+                        ex.check.get("id", ex.name), ref.name)
 
 
 @contextlib.contextmanager

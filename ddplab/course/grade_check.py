@@ -1,10 +1,12 @@
 """How the grader runs a check cell in the submission's kernel, when it cannot run it itself.
 
-A grading worker runs the check cells that need only the lab in its own
-process (``ddplab.course.grade_witness``), out of the submission's reach. The
-others (a check given the student's function or answer from the notebook,
-or one that traces) run in the submission's kernel, where the submission's
-code ran first; this is their guard. Before such a check, the grader:
+A grading worker runs every check cell that calls ``ddplab.check`` in its own
+process (``ddplab.course.grade_witness``), out of the submission's reach:
+every check cell of the shipped notebooks. Another check cell (an
+instructor's own ``assert f(3) == 9``), or any check when grading in the
+grader's own process (``grade.grade_one``), runs in the submission's kernel,
+where the submission's code ran first; this is its guard, and it can be
+forged (the grader warns of such cells). Before such a check, the grader:
 
 - at the kernel's start, before any cell of the submission, keeps the
   streams and ``print`` a verdict goes through, the import system
@@ -24,8 +26,9 @@ code ran first; this is their guard. Before such a check, the grader:
 What this cannot stop, for the checks that run in the kernel (README,
 "Grading a hostile class"): code that changes what the checker relies on
 beyond what is put back (``ddplab.lab``'s ``Lab.run``, another module's
-functions, the guard's own names shadowed in the notebook's namespace,
-IPython's hooks, which see the cell and its nonce).
+functions, the guard's own names shadowed in the notebook's namespace, such
+as ``exec`` or ``get_ipython``, IPython's hooks, which see the cell and its
+nonce).
 """
 
 from __future__ import annotations

@@ -13,11 +13,12 @@ What can go wrong in a cell, and what happens:
 - it runs past the per-cell timeout (an infinite loop): the kernel is killed
   and recovered.
 - the kernel dies (a crash, ``os._exit``), or an engine dies: recovered.
-- it tries to forge a check (replaces a checker, patches ``Lab.run`` or
-  ``print``, prints a ``Correct`` line): a grading worker runs the check
-  cells it can in its own process (``ddplab.course.grade_witness``); the
-  others run through ``ddplab.course.grade_check``'s guard in the kernel and
-  earn the point only by its verdict.
+- it tries to forge a check (replaces a checker, patches ``Lab.run``,
+  ``print`` or ``exec``, prints a ``Correct`` line): a grading worker runs
+  every check cell that calls ``ddplab.check`` in its own process
+  (``ddplab.course.grade_witness``); any other check cell runs through
+  ``ddplab.course.grade_check``'s guard in the kernel and earns the point
+  only by its verdict (forgeable: the grader says so).
 
 Recovering means: kill the kernel (its lab's engines and controller exit with
 it, see ``ddplab.rank.guard``), start a new one, and replay the cells before the
@@ -212,7 +213,8 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = 
     ``witnessed``: this process never runs a submission's code (a grading
     worker, after ``grade_witness.prepare``), so it runs the check cells it
     can itself (``ddplab.course.grade_witness``); the others run guarded in
-    the kernel.
+    the kernel. Not witnessed (``grade_one``, grading in this process), every
+    check runs guarded in the kernel.
     """
     failed: set[str] = set()      # exercises already lost: replays use the reference solution
     kernel = Kernel(cwd, cell_timeout)
@@ -253,15 +255,20 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = 
 
 
 def _witness(kernel: Kernel, step: Step, cwd: str, cell_timeout: float) -> bool:
-    """Run check ``step`` in this process against the kernel's lab; True if that broke the lab."""
-    status, outputs, step.error = kernel.run(grade_witness.WHERE)
-    directory = grade_witness.where(outputs) if status == "ok" else ""
-    if not directory:
+    """Run check ``step`` in this process against the kernel's lab; True if that broke the lab.
+
+    The kernel is asked only for data (where the lab is, the names the check
+    cell gives the checker, its last trace); a kernel that will not answer
+    fails the check.
+    """
+    status, outputs, why = kernel.run(grade_witness.ask(step.source))
+    found = grade_witness.answer(outputs) if status == "ok" else None
+    if found is None:
         step.status, step.outputs = "error", []
-        step.error = step.error or ("no lab is running for the grader to check (start one with "
-                                    "lab = ddplab.start(world_size=2))")
-        return False
-    step.outputs, error, broke = grade_witness.check(step.source, directory, cell_timeout, cwd)
+        step.error = ("the kernel did not answer the grader's question (where its lab is, and the "
+                      "names the check uses)" + (f": {why}" if why else ""))
+        return status in ("timeout", "died")
+    step.outputs, error, broke = grade_witness.check(step.source, found, cell_timeout, cwd)
     step.status, step.error = ("ok", "") if error is None else ("error", reason(*error))
     return broke
 

@@ -69,6 +69,11 @@ def settle(rank: int, folder: str) -> None:
     _state["rank"], _state["folder"] = rank, folder
 
 
+def settled_rank() -> int | None:
+    """The rank ``settle`` made this process, in or out of a process group; None before."""
+    return _state["rank"]
+
+
 class Channel:
     """pdb's stdin and stdout on a rank: lines to and from the notebook kernel."""
 
