@@ -1,8 +1,10 @@
 """`ddplab grade` against a hostile class (issue 27): each submission in `tests/hostile/attacks.py`
 wants a point it did not earn, to outlive its slot, to read or write what it must not, or to
-take the run down. One `ddplab grade` command grades them all, as an instructor would; the
-tests assert the honest score of each, a completed run that reports every submission, and
-that nothing any of them started is left running.
+take the run down; those in `tests/hostile/given_attacks.py` forge checks given the student's
+function (`swap_tensors(swap)`) or answer (`who_waited(waited)`). One `ddplab grade` command
+grades them all, as an instructor would; the tests assert the honest score of each, a
+completed run that reports every submission, and that nothing any of them started is left
+running.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import nbformat
 import psutil
 import pytest
 from conftest import my_process_tree
-from hostile import attacks
+from hostile import attacks, given_attacks
 
 from ddplab.course import sandbox
 
@@ -56,6 +58,7 @@ def graded(tmp_path_factory):
     (tmp / "out").mkdir()
     reference = tmp / "course" / "00_setup.ipynb"
     nbformat.write(attacks.reference(), reference)
+    nbformat.write(given_attacks.reference(), tmp / "course" / given_attacks.NOTEBOOK)
     other = tmp / "submitted" / "honest"
     out = tmp / "out" / "grades.csv"
     marker = f"ddplab-hostile-{uuid.uuid4().hex}"
@@ -63,13 +66,16 @@ def graded(tmp_path_factory):
         (tmp / "submitted" / name).mkdir(parents=True)
         (tmp / "submitted" / name / "00_setup.ipynb").write_text(attacks.submission(
             name, marker=marker, reference=str(reference), other=str(other), csv=str(out)))
+    for name in given_attacks.ATTACKS:
+        (tmp / "submitted" / name).mkdir(parents=True)
+        (tmp / "submitted" / name / given_attacks.NOTEBOOK).write_text(given_attacks.submission(name))
     untouched = {p: p.read_bytes() for p in [reference, other / "00_setup.ipynb"]}
     before = my_process_tree()
     begin = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "ddplab.course.cli", "grade", str(tmp / "submitted"),
-         "--reference", str(reference), "--csv", str(out), "--cell-timeout", str(CELL_TIMEOUT)],
-        capture_output=True, text=True, timeout=1200)
+         "--reference", str(tmp / "course"), "--csv", str(out), "--cell-timeout", str(CELL_TIMEOUT)],
+        capture_output=True, text=True, timeout=1500)
     took = time.monotonic() - begin
     right_after = _survivors(marker)
     time.sleep(8)                # the daemon meant to write its grade 5 s in
@@ -83,21 +89,27 @@ def _rows(graded) -> dict[str, dict]:
         return {row["student"]: row for row in csv.DictReader(f)}
 
 
+EVERY = {**attacks.ATTACKS, **given_attacks.ATTACKS}
+
+
 def test_the_run_completes_and_reports_every_submission(graded):
     result = graded["result"]
     assert result.returncode == 1, result.stdout + result.stderr     # some scored 0
-    assert f"{len(attacks.ATTACKS)} submissions graded in" in result.stdout, result.stdout
+    assert f"{len(EVERY)} submissions graded in" in result.stdout, result.stdout
     assert "WITHOUT a sandbox" not in result.stderr
-    assert set(_rows(graded)) == set(attacks.ATTACKS)
+    assert "runs in the submission's kernel" not in result.stderr    # every check is the grader's
+    assert set(_rows(graded)) == set(EVERY)
     for name in attacks.ATTACKS:
         assert f"graded {name} (00_setup)" in result.stderr, result.stderr
+    for name in given_attacks.ATTACKS:
+        assert f"graded {name} ({given_attacks.NOTEBOOK[:-6]})" in result.stderr, result.stderr
     assert not list(graded["csv"].parent.glob("*.journal"))         # done: no journal left
 
 
-@pytest.mark.parametrize("name", list(attacks.ATTACKS))
+@pytest.mark.parametrize("name", list(EVERY))
 def test_each_attack_scores_what_its_work_deserves(graded, name):
     row = _rows(graded)[name]
-    _, deserved = attacks.ATTACKS[name]
+    _, deserved = EVERY[name]
     assert int(row["score"]) == deserved, row
 
 
@@ -112,6 +124,12 @@ def test_reasons_name_what_happened(graded):
     assert "it passed" in rows["moved_check"]["reasons"]       # the check ran after it anyway
     setup = rows["setup_times_out"]["reasons"]
     assert f"cell setup: timed out after {CELL_TIMEOUT} s" in setup and "no lab is running" in setup
+    # checks given the notebook's code or answer: the grader ran them on the ranks, itself
+    for name in set(given_attacks.ATTACKS) - {"given_honest", "given_patched_stdout"}:
+        assert "swap: check: AssertionError: swap with an input of shape [1] and dtype float32 " \
+               "raised NotImplementedError" in rows[name]["reasons"], (name, rows[name]["reasons"])
+    assert "answer with (rank, op)" in rows["given_gadget_answer"]["reasons"]   # sealed, not run
+    assert "is not the call that waited longest" in rows["given_shadowed_exec"]["reasons"]
 
 
 def test_nothing_an_attack_started_is_left_running(graded):
@@ -124,7 +142,7 @@ def test_no_attack_read_or_wrote_what_it_must_not(graded):
     for path, content in graded["untouched"].items():
         assert path.read_bytes() == content, path
     assert "pwned" not in graded["csv"].read_text()
-    assert len(_rows(graded)) == len(attacks.ATTACKS)
+    assert len(_rows(graded)) == len(EVERY)
 
 
 def test_a_rank_cannot_leave_a_process_behind_outside_grading():

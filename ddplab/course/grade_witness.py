@@ -183,7 +183,7 @@ def prepare() -> None:
     import ddplab.check  # noqa: F401
     import ddplab.launch  # noqa: F401
     import ddplab.trace  # noqa: F401
-    from ddplab.lab import calls  # noqa: F401
+    from ddplab.lab import calls, display  # noqa: F401
     from ddplab.rank import engine, owngroup  # noqa: F401
 
     from . import grade_witness_lab  # noqa: F401
