@@ -116,10 +116,10 @@ class ddplab:
 
 SWAPPED_CODE = f'''
 import ddplab.check.p2p, ddplab.check.timeline
-swap = lambda fn, lab=None, timeout=0: print({SWAP_CORRECT.strip()!r})
-waited = lambda answer, trace=None: print({WAITED_CORRECT.strip()!r})
-ddplab.check.p2p.swap_tensors.__code__ = swap.__code__
-ddplab.check.timeline.who_waited.__code__ = waited.__code__
+fake_swap = lambda fn, lab=None, timeout=0: print({SWAP_CORRECT.strip()!r})
+fake_waited = lambda answer, trace=None: print({WAITED_CORRECT.strip()!r})
+ddplab.check.p2p.swap_tensors.__code__ = fake_swap.__code__
+ddplab.check.timeline.who_waited.__code__ = fake_waited.__code__
 '''
 
 # Every print in the kernel is followed by both Correct lines, and so is every cell.
