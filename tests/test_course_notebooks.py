@@ -157,7 +157,7 @@ def test_ddplab_grade_gives_the_reference_every_point_and_the_released_copy_none
 
     path = ROOT / "notebooks" / name
     reference = nbformat.read(path, as_version=4)
-    for student, nb in (("reference", reference), ("released", release_notebook(reference))):
+    for student, nb in (("reference", reference), ("released", release_notebook(reference, name))):
         (tmp_path / student).mkdir()
         nbformat.write(nb, tmp_path / student / name)
     # Two at a time: a check's deadlock timeout (10-15 s) is meant for a student's

@@ -12,6 +12,7 @@ import pickle
 from pathlib import Path
 
 import cloudpickle
+import nbformat
 import pytest
 import torch
 
@@ -323,3 +324,33 @@ def test_a_check_given_the_notebooks_function_runs_it_on_the_ranks_only(monkeypa
     finally:
         monkeypatch.undo()
         lab.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_check_cell_it_cannot_run_itself_runs_in_the_kernel_and_the_grader_says_so(
+        tmp_path, caplog):
+    """An instructor's own ``assert`` runs guarded in the kernel (forgeable): a warning names it."""
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from ddplab.course.grade import grade
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [new_code_cell("### BEGIN SOLUTION\nx = 3\n### END SOLUTION", id="exercise-x",
+                              metadata={"tags": ["exercise"]}),
+                new_code_cell("assert x * x == 9\nprint('Correct: x squared is 9.')", id="check-x",
+                              metadata={"tags": ["check"]},
+                              outputs=[new_output("stream", name="stdout",
+                                                  text="Correct: x squared is 9.\n")])]
+    reference = tmp_path / "course" / "00_x.ipynb"
+    reference.parent.mkdir()
+    nbformat.write(nb, reference)
+    for student, answer in (("right", "x = 3"), ("wrong", "x = 4")):
+        (tmp_path / student).mkdir()
+        nb.cells[0].source = answer
+        nbformat.write(nb, tmp_path / student / "00_x.ipynb")
+    with caplog.at_level("WARNING", logger="ddplab.course.grade"):
+        graded = {g.student: g.score for g in grade([tmp_path / "right", tmp_path / "wrong"],
+                                                    reference, jobs=2, cell_timeout=120)}
+    assert graded == {"right": 1, "wrong": 0}
+    warned = [r.getMessage() for r in caplog.records if "check-x" in r.getMessage()]
+    assert len(warned) == 1 and "can forge it" in warned[0] and "00_x.ipynb" in warned[0], warned
