@@ -104,7 +104,7 @@ def physical_gpu(fn: Any, lab: Any = None) -> None:
         raise AssertionError(f"physical_gpu must be a function (index, cuda_visible_devices), got "
                              f"{type(fn).__name__}. Define it with def in the exercise cell.")
     plan_calls = [w for workers in NODE_PLANS.values() for w in workers]
-    answers = answers_of(fn, [(index, visible) for index, visible, _ in GPU_CASES] + plan_calls)
+    answers = answers_of(fn, [(index, visible) for index, visible, _ in GPU_CASES] + plan_calls, lab)
     lines = []
     for (index, visible, want), answer in zip(GPU_CASES, answers):
         got: Any = answer[1] if answer[0] == "ok" else spell_raised(answer)
