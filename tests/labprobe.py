@@ -42,7 +42,7 @@ CONNECT = textwrap.dedent("""
         try:
             with socket.socket(socket.AF_UNIX) as s:
                 s.settimeout(5)
-                s.connect(path)
+                s.connect("\\0" + path[1:] if path.startswith("@") else path)   # @: abstract
             accepted.append(f"unix {path}")
         except OSError:
             pass
@@ -82,11 +82,18 @@ def lab_sockets(controller_pid: int, engine_pids: list[int]) -> tuple[list[int],
     tree = {controller_pid, *engine_pids}
     for pid in list(tree):
         tree.update(child.pid for child in psutil.Process(pid).children(recursive=True))
-    ports = {port for pid in engine_pids for _, port in listening_addresses(pid)}
-    ports |= {c.laddr.port for c in psutil.net_connections("inet")
-              if c.status == psutil.CONN_LISTEN and c.pid in tree}
-    paths = {c.laddr for c in psutil.net_connections("unix") if c.pid in tree and c.laddr}
-    return sorted(ports), sorted(p for p in paths if p.startswith("/"))
+    ports, paths = listening_here(tree)
+    ports = set(ports) | {port for pid in engine_pids for _, port in listening_addresses(pid)}
+    return sorted(ports), paths
+
+
+def listening_here(pids: set[int]) -> tuple[list[int], list[str]]:
+    """The TCP ports on this machine's network that processes ``pids`` listen on, and their Unix
+    sockets: by path, and abstract ones (``@name``, which no file permission guards)."""
+    ports = {c.laddr.port for c in psutil.net_connections("inet")
+             if c.status == psutil.CONN_LISTEN and c.pid in pids}
+    paths = {c.laddr for c in psutil.net_connections("unix") if c.pid in pids and c.laddr}
+    return sorted(ports), sorted(p for p in paths if p.startswith(("/", "@")))
 
 
 def in_use_here() -> set[int]:
