@@ -295,8 +295,8 @@ def check_limits_and_labs(seen: dict[str, dict], hub: Hub, students) -> None:
         theirs = {p.pid for p in student.processes()}
         for parent in hub.cgroups:
             inside_here = {int(pid) for pid in (parent / student.name / "cgroup.procs").read_text().split()}
-            assert theirs <= inside_here, (f"{student.name}: processes outside {parent / student.name}: "
-                                           f"{sorted(theirs - inside_here)}")
+            outside = {pid for pid in theirs - inside_here if procs.alive(pid)}   # not one that just ended
+            assert not outside, f"{student.name}: processes outside {parent / student.name}: {sorted(outside)}"
         assert {got["controller"], *got["engines"]} <= theirs, (student.name, got, theirs)
     assert len(directories) == len(students), directories
 
