@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import nbformat
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -29,6 +30,19 @@ def browser_required() -> bool:
     """Under `make test` (and CI) a missing browser is a failure, never a skip."""
     return (os.environ.get("DDPLAB_REQUIRE_BROWSER") == "1"
             or os.environ.get("CI", "").lower() in ("1", "true", "yes"))
+
+
+def require_chromium() -> str:
+    """The path of Debian's Chromium; skip (by hand) or fail (make test, CI) without it."""
+    if os.access(CHROMIUM, os.X_OK):
+        return str(CHROMIUM)
+    problem = f"ddplab: the browser test needs Debian's Chromium at {CHROMIUM}, but it is not installed."
+    if browser_required():
+        pytest.fail(f"{problem} make test installs it with tools/ensure_chromium.sh (apt-get, as "
+                    f"root), which could not: see its message above this run. Install it with "
+                    f"`apt-get update && apt-get install -y chromium`.", pytrace=False)
+    pytest.skip(f"{problem} Install it (`apt-get install chromium`) to run this test; make test "
+                f"does so and then requires it.")
 
 
 def answer_every_exercise(path: Path) -> None:

@@ -8,7 +8,7 @@ import tempfile
 
 import psutil
 import pytest
-from browserkit import CHROMIUM, browser_required
+from browserkit import require_chromium
 from realhosts import *  # noqa: F401,F403  the realhosts tier's daemons (tests/realhosts.py)
 
 import ddplab
@@ -24,15 +24,7 @@ def pytest_collection_modifyitems(items) -> None:
 @pytest.fixture
 def chromium() -> str:
     """The path of Debian's Chromium; skip (by hand) or fail (make test, CI) without it."""
-    if os.access(CHROMIUM, os.X_OK):
-        return str(CHROMIUM)
-    problem = f"ddplab: the browser test needs Debian's Chromium at {CHROMIUM}, but it is not installed."
-    if browser_required():
-        pytest.fail(f"{problem} make test installs it with tools/ensure_chromium.sh (apt-get, as "
-                    f"root), which could not: see its message above this run. Install it with "
-                    f"`apt-get update && apt-get install -y chromium`.", pytrace=False)
-    pytest.skip(f"{problem} Install it (`apt-get install chromium`) to run this test; make test "
-                f"does so and then requires it.")
+    return require_chromium()
 
 
 @pytest.fixture(scope="session")

@@ -142,6 +142,7 @@ def ensure() -> SharedEnv:
             f"ddplab: {HOME} must belong to root and be writable by root only (it holds the Python "
             f"every student runs), but it is owned by uid {info.st_uid}, mode {oct(info.st_mode)}. "
             f"Remove it.")
+        HOME.chmod(0o755)                    # made earlier under another umask, it may be 0700
         prefix = HOME / key
         steps: dict[str, tuple[float, float]] = {}
         with open(HOME / ".lock", "w") as lock:

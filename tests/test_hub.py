@@ -28,6 +28,7 @@ accounts are deleted, so a rerun starts from nothing.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -51,6 +52,7 @@ from browserkit import (
     check_page,
     first_line,
     not_finished,
+    require_chromium,
     run_finished,
     save_screenshots,
     start_run_all,
@@ -113,32 +115,43 @@ EXECUTE_JS = """([name, code]) => {
 
 
 @pytest.fixture(scope="module")
-def students_env():
-    """The environment every student's server runs (built once, then reused: shared_env)."""
-    return shared_env.ensure()
-
-
-@pytest.fixture(scope="module")
-def students():
-    made = []
-    try:
-        for name in NAMES:
-            made.append(make_student(name))
-        yield made
-    finally:
-        for student in made:
-            remove_student(student)
-
-
-@pytest.fixture
-def hub(tmp_path, students, students_env):
-    """The hub and its proxy, running; ended by pid at the end whatever happened."""
+def needs():
+    """What the test cannot do without, checked before anything is built or made: Chromium and
+    the proxy. Missing, they skip the test by hand and fail it under make test (and CI)."""
+    require_chromium()
     if not shutil.which(PROXY):
         problem = f"ddplab: the hub test needs JupyterHub's proxy, {PROXY}, but it is not on PATH."
         advice = "`bash tools/ensure_hub.sh` installs it with npm, as root (make test runs it)."
         if browser_required():
             pytest.fail(f"{problem} {advice} See its message above this run.", pytrace=False)
         pytest.skip(f"{problem} {advice}")
+
+
+@pytest.fixture(scope="module")
+def students_env(needs):
+    """The environment every student's server runs (built once, then reused: shared_env)."""
+    return shared_env.ensure()
+
+
+@pytest.fixture(scope="module")
+def students(needs):
+    """The three accounts, for this run alone: a second run on this machine waits for the lock."""
+    made = []
+    shared_env.HOME.mkdir(mode=0o755, exist_ok=True)         # root's, 0755: see shared_env.ensure
+    with open(shared_env.HOME / ".accounts.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            for name in NAMES:
+                made.append(make_student(name))
+            yield made
+        finally:
+            for student in made:
+                remove_student(student)
+
+
+@pytest.fixture
+def hub(tmp_path, students, students_env):
+    """The hub and its proxy, running; ended by pid at the end whatever happened."""
     cgroups = cgroup_parents()
     running = Hub(tmp_path, students_env.prefix, students, cgroups)
     try:
