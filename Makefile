@@ -35,13 +35,14 @@ test: install
 	bash tools/ensure_chromium.sh
 	bash tools/ensure_hosts.sh $(BIN)/python
 	bash tools/ensure_sandbox.sh
+	bash tools/ensure_hub.sh
 	DDPLAB_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests notebooks --nbval --nbval-cell-timeout=300 \
 		--nbval-sanitize-with ddplab/course/nbval_sanitize.cfg
 
 # The inner loop while changing code (under a minute): every test but the slow, browser,
-# netns, gpu and realhosts tiers, and no notebooks. `make test` (what CI runs) still runs them all.
+# netns, gpu, realhosts and hub tiers, and no notebooks. `make test` (what CI runs) still runs them all.
 test-fast: install
-	$(BIN)/python -m pytest tests -q -m "not slow and not browser and not netns and not gpu and not realhosts"
+	$(BIN)/python -m pytest tests -q -m "not slow and not browser and not netns and not gpu and not realhosts and not hub"
 
 bench: install
 	$(BIN)/python benchmarks/bench_start.py

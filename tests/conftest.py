@@ -8,6 +8,7 @@ import tempfile
 
 import psutil
 import pytest
+from browserkit import require_chromium
 from realhosts import *  # noqa: F401,F403  the realhosts tier's daemons (tests/realhosts.py)
 
 import ddplab
@@ -18,6 +19,12 @@ def pytest_collection_modifyitems(items) -> None:
     for item in items:
         if "hosts_lab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.netns)
+
+
+@pytest.fixture
+def chromium() -> str:
+    """The path of Debian's Chromium; skip (by hand) or fail (make test, CI) without it."""
+    return require_chromium()
 
 
 @pytest.fixture(scope="session")

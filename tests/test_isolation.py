@@ -21,9 +21,8 @@ import subprocess
 import sys
 import textwrap
 
-import psutil
 import pytest
-from conftest import listening_addresses
+from labprobe import connect_as, in_use_here, lab_sockets, runs_as
 
 from ddplab.lab import Lab, LabSpec
 
@@ -33,61 +32,14 @@ pytestmark = [pytest.mark.slow,
 NOBODY = pwd.getpwnam("nobody").pw_uid
 
 
-def _runs_as_nobody(python: str) -> bool:
-    """Whether ``nobody`` may run ``python`` (an interpreter under /root is out of its reach)."""
-    try:
-        return subprocess.run([python, "-c", ""], user=NOBODY, group=NOBODY, extra_groups=[],
-                              cwd="/", capture_output=True, timeout=60).returncode == 0
-    except OSError:
-        return False
-
-
 # Connecting needs only the standard library: any interpreter nobody may run will do.
-NOBODYS_PYTHON = next((p for p in (sys.executable, "/usr/bin/python3") if _runs_as_nobody(p)),
-                      None)
-
-# Run as `nobody`: try every TCP port on 127.0.0.1 and every Unix socket path given.
-CONNECT = textwrap.dedent("""
-    import json, socket, sys
-    ports, paths, namespaces = json.loads(sys.argv[1])
-    accepted = []
-    import ctypes, os
-    libc = ctypes.CDLL(None, use_errno=True)
-    for path in namespaces:           # the ranks' network itself: entering it needs privilege
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        if libc.setns(fd, 0x40000000) == 0:
-            accepted.append(f"netns {path}")
-        os.close(fd)
-    for port in ports:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=5).close()
-            accepted.append(f"tcp {port}")
-        except OSError:
-            pass
-    for path in paths:
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.settimeout(5)
-                s.connect(path)
-            accepted.append(f"unix {path}")
-        except OSError:
-            pass
-    print(json.dumps(accepted))
-""")
+NOBODYS_PYTHON = next((p for p in (sys.executable, "/usr/bin/python3") if runs_as(p, NOBODY)), None)
 
 
 def _connect_as_nobody(ports: list[int], paths: list[str], namespaces: list[str] = ()) -> list[str]:
-    """What ``nobody`` could connect to or enter: ``ports`` on 127.0.0.1, Unix socket
-    ``paths``, network ``namespaces`` (``/proc/PID/ns/net``)."""
+    """What ``nobody`` could connect to or enter (``labprobe.connect_as``)."""
     assert NOBODYS_PYTHON, "no Python that nobody may run (neither this one nor /usr/bin/python3)"
-    done = subprocess.run([NOBODYS_PYTHON, "-c", CONNECT, json.dumps([ports, paths, list(namespaces)])],
-                          user=NOBODY, group=NOBODY, extra_groups=[], cwd="/",
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return connect_as(NOBODY, NOBODY, NOBODYS_PYTHON, ports, paths, namespaces)
 
 
 def _all_reduce_one() -> int:
@@ -98,32 +50,19 @@ def _all_reduce_one() -> int:
     return int(t)
 
 
-def _lab_sockets(lab: Lab) -> tuple[list[int], list[str]]:
-    """Every TCP port the lab listens on, in any network, and every Unix socket of its tree."""
-    tree = {lab.controller_pid, *lab.engines.pids}
-    for pid in list(tree):
-        tree.update(child.pid for child in psutil.Process(pid).children(recursive=True))
-    ports = {port for pid in lab.engines.pids for _, port in listening_addresses(pid)}
-    ports |= {c.laddr.port for c in psutil.net_connections("inet")
-              if c.status == psutil.CONN_LISTEN and c.pid in tree}
-    paths = {c.laddr for c in psutil.net_connections("unix") if c.pid in tree and c.laddr}
-    return sorted(ports), sorted(p for p in paths if p.startswith("/"))
-
-
 @pytest.mark.parametrize("init_method", ["store", "env"])
 def test_no_socket_of_a_running_lab_accepts_another_users_connection(init_method):
     lab = Lab(LabSpec.build(2, "gloo", 60, init_method=init_method), gpus=0).start()
     try:
         # gloo's pair sockets exist once a collective ran; "env" adds rank 0's TCPStore.
         assert lab.run(_all_reduce_one) == [2, 2]
-        ports, paths = _lab_sockets(lab)
+        ports, paths = lab_sockets(lab.controller_pid, lab.engines.pids)
         assert ports, "expected the ranks to listen (gloo) in their network"
         assert len(paths) >= 10, "expected the controller's Unix sockets"
         assert not lab.describe().count("share this machine's network")
         # A port number of the ranks' network may be in use on this machine's too
         # (by anything else running here): reaching that one says nothing of the lab.
-        elsewhere = {c.laddr.port for c in psutil.net_connections("inet")
-                     if c.status == psutil.CONN_LISTEN}
+        elsewhere = in_use_here()
         ports = [port for port in ports if port not in elsewhere]
         assert ports, "every port of the ranks is also in use on this machine's network"
         namespaces = [f"/proc/{pid}/ns/net" for pid in lab.engines.pids]
