@@ -95,9 +95,11 @@ def event(index: int, row: dict) -> Event:
 
 
 def _columns(shipped: Any) -> dict[str, list]:
-    """A rank's events as columns: what ranks send, or (older ranks, tests) a list of dicts."""
+    """A rank's events as columns: what ranks send (``recorder.packed`` columns), or
+    (tests, a rank of an older ddplab) a list of dicts."""
     if isinstance(shipped, dict):
-        return shipped
+        return {key: [value["all"]] * value["n"] if isinstance(value, dict) else value
+                for key, value in shipped.items()}
     return {key: [row.get(key, default) for row in shipped] for key, default in COLUMNS.items()}
 
 

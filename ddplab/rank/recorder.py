@@ -81,9 +81,8 @@ def _nbytes(value: Any) -> int:
 
 
 class _Local(threading.local):
-    """Per thread: the call being recorded (its inner calls add to it) and the site of a
-    backward under way. Class defaults: reading them needs no ``getattr(..., None)``."""
-    call: dict | None = None
+    """Per thread: the site of a backward under way (a class default: reading it needs no
+    ``getattr(..., None)``)."""
     backward: str | None = None
 
 
@@ -104,8 +103,9 @@ class CallRecorder:
         self.futureless: set[str] = set()     # ops whose Work has no future (asking raises)
         self.local = _Local()
         self.live = LiveSite()
-        # The calls under way right now, by thread: what a snapshot shows open-ended when
-        # the rank is stuck inside one (read by another thread: ``snapshot``).
+        # The calls under way right now, by thread: the inner calls of one add to it, and
+        # a snapshot shows it open-ended when the rank is stuck inside (read by another
+        # thread: ``snapshot``). A dict by thread id: cheaper to ask than a threading.local.
         self.inflight: dict[int, dict] = {}
         self.spans_open: dict[int, dict] = {}     # a backward under way, by thread
         self.frame = sys._getframe
@@ -147,8 +147,8 @@ class CallRecorder:
         if kwargs:
             bound.update(kwargs)
         kind, payload, peer_arg = CALLS[name]
-        local = self.local
-        parent = local.call
+        me = threading.get_ident()
+        parent = self.inflight.get(me)
         if parent is not None:          # inside an object collective: count its bytes there
             parent["nbytes"] += _nbytes(bound.get(payload)) if payload else 0
             with torch._C._AutoDispatchBelowAutograd():
@@ -163,15 +163,14 @@ class CallRecorder:
                  "nbytes": _nbytes(bound.get(payload)) if payload else 0,
                  "group": self.group(group) if kind != "setup" else None,
                  "blocking": not bound.get("async_op", False), "tag": bound.get("tag", 0),
-                 "site": self.where(3)[0]}
+                 # frames: 0 this one, 1 the wrapper ``rank.trace`` installed, 2 torch's own
+                 "site": self.live.site(self.frame(2))[0] or self.where(3)[0]}
         if peer_arg:
             peer = bound.get(peer_arg)
             group_peer = bound.get("group_" + peer_arg)
             if peer is None and group_peer is not None:
                 peer = _dist.get_global_rank(group or _dist.GroupMember.WORLD, group_peer)
             event["peer" if kind == "p2p" else "root"] = peer
-        local.call = event
-        me = threading.get_ident()
         self.inflight[me] = event
         try:
             if payload or name == "barrier":
@@ -184,7 +183,6 @@ class CallRecorder:
             raise
         finally:
             event["end"] = time.perf_counter()
-            local.call = None
             self.events.append(event)
             self.inflight.pop(me, None)
         if name in ("recv", "recv_object_list") and event.get("peer") is None:
@@ -224,7 +222,7 @@ class CallRecorder:
             self.pending = still
 
     def wait(self, raw, work: Any, args: tuple, kwargs: dict) -> Any:
-        if self.local.call is not None:
+        if threading.get_ident() in self.inflight:
             return raw(work, *args, **kwargs)
         start = time.perf_counter()
         try:
@@ -253,7 +251,7 @@ class CallRecorder:
         end = time.perf_counter()
         pg_index = 1 if isinstance(args[1], torch.ScriptObject) else 2
         payload = _nbytes(args[0] if name == "scatter_" or pg_index == 1 else args[1])
-        parent = self.local.call
+        parent = self.inflight.get(threading.get_ident())
         if parent is not None:           # part of a call layer 1 records (an object collective)
             parent["nbytes"] += payload
             return out
@@ -358,7 +356,18 @@ class CallRecorder:
         same: dict = {}                  # equal sites as one object: pickled once, then referenced
         columns["site"] = [same.setdefault(site, site) for site in columns["site"]]
         compute = [dict(c, start=c["start"] + shift, end=c["end"] + shift) for c in compute]
-        return {"events": columns, "compute": compute}
+        return {"events": {key: packed(values) for key, values in columns.items()},
+                "compute": compute}
+
+
+def packed(values: list) -> list | dict:
+    """A column as sent: ``{"all": value, "n": count}`` when every value is the same (in a
+    loop of one call, most columns), else the list. Plain data, as JSON carries it too.
+    (``count`` compares with ``==``, for which ``True`` is ``1``: the types must agree too.)
+    """
+    if values and values.count(values[0]) == len(values) and len(set(map(type, values))) == 1:
+        return {"all": values[0], "n": len(values)}
+    return values
 
 def settle_groups() -> None:
     """Before torch's group tables change under a running trace (``ddplab.rank.owngroup``
