@@ -12,7 +12,9 @@ traced call does a dict, two clock readings and the user's line. Finding that li
 used to walk the whole stack (~25 frames of ipyparallel under the user's code) and
 was most of the cost; ``where.LiveSite`` walks it once per calling frame. At the
 end, 100k dicts pickled one by one took seconds to ship; as columns, the same rows
-are a few lists, whose repeated strings (op names, the same site) pickle once.
+are a few lists, whose repeated strings (op names, the same site) pickle once, and
+a column of one value (most of them, in a loop of one call) is that value and a
+count (``packed``).
 """
 
 from __future__ import annotations
