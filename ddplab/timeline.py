@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import html as _html
 import math
+from collections import defaultdict
 from typing import Any
 
 from .text import plural
@@ -111,20 +112,71 @@ def compress(words: list[str], longest: int = 16) -> list[str]:
     return out
 
 
+class _Row:
+    """Row ``i`` of a trace's columns, read as its Event would be (what ``op_text`` reads)."""
+
+    def __init__(self, columns: dict[str, list], i: int) -> None:
+        self._columns, self._i = columns, i
+
+    def __getattr__(self, name: str) -> Any:
+        return self._columns[name][self._i]
+
+
+class _Rows:
+    """A trace's columns, indexed as ``tr.events`` is."""
+
+    def __init__(self, columns: dict[str, list]) -> None:
+        self._columns = columns
+
+    def __getitem__(self, i: int) -> _Row:
+        return _Row(self._columns, i)
+
+
+_TEXT = ("kind", "op", "peer", "root", "nbytes", "group", "source", "error", "open")
+
+
+def _words(columns: dict[str, list]) -> list[str]:
+    """``op_text`` of every row of ``columns``, worked out once per distinct op: a loop of
+    100k calls has a handful, and the text form then needs no Event made."""
+    rows = _Rows(columns)
+    of, ops, peers, roots = columns["of"], columns["op"], columns["peer"], columns["root"]
+    known: dict[tuple, str] = {}
+    out = []
+    for i, key in enumerate(zip(*(columns[name] for name in _TEXT))):
+        j = of[i]
+        if j is not None:                     # a wait's words name the op it waited for
+            key += (ops[j], peers[j], roots[j])
+        word = known.get(key)
+        if word is None:
+            word = known[key] = op_text(rows[i], rows)
+        out.append(word)
+    return out
+
+
 def summary(trace: Any, width: int = 96, keep: Any = None) -> str:
     """Per rank, the ops in the order the rank began them; repeats as ``×N``."""
-    events = _kept(trace.events, keep)
+    by_rank: dict[int, list] = defaultdict(list)
+    if keep is None:                          # the columns: no Event made for a big trace
+        columns = trace.columns()
+        count = len(columns["op"])
+        for rank, start, word in zip(columns["rank"], columns["start"], _words(columns)):
+            by_rank[rank].append((start, word))
+    else:
+        events = _kept(trace.events, keep)
+        count = len(events)
+        for e in events:
+            by_rank[e.rank].append((e.start, op_text(e, trace.events)))
+    for c in _kept(trace.compute, keep):
+        by_rank[c.rank].append((c.start, op_text(c)))
     lines = [f"trace of {plural(len(trace.ranks), 'rank')} "
-             f"{', '.join(map(str, trace.ranks))}: {len(events)} operations"
+             f"{', '.join(map(str, trace.ranks))}: {count} operations"
              + ("" if keep is None else " in the part shown")
              + (" up to a hang" if getattr(trace, "hung", False) else "")
              + ("" if trace.complete else " (incomplete: some ranks could not report)")]
     for rank in trace.ranks:
-        items = sorted([e for e in events if e.rank == rank]
-                       + [c for c in _kept(trace.compute, keep) if c.rank == rank],
-                       key=lambda e: e.start)
+        items = sorted(by_rank[rank], key=lambda item: item[0])
         # An op's own commas ("2.6 kB, by torch") must not break a line: hide them while wrapping.
-        words = [op_text(item, trace.events).replace(", ", "\x01") for item in items]
+        words = [word.replace(", ", "\x01") for _, word in items]
         text = ", ".join(compress(words)) or "(nothing)"
         label = f"rank {rank}: "
         line = label

@@ -27,6 +27,11 @@ through ipyparallel). Hosts kept in step by NTP/chrony usually agree better
 than that already, and the offsets then come out near zero.
 
 Times in ``tr.events`` are seconds since the trace started.
+
+Big traces. The ranks send their records as columns and ``stop`` analyses them
+as columns (``ddplab.trace_events``: who matched whom, who waited how long);
+the ``Event`` objects are made when ``tr.events`` is first read, and the
+picture of a big trace reads the columns (``tr.columns()``) and makes none.
 """
 
 from __future__ import annotations
@@ -34,54 +39,19 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import defaultdict, deque
-from dataclasses import MISSING, dataclass
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError, DdplabError, HangError
 from .rank import trace as _rank
 from .rank.trace import region
+from .trace_events import Event, analyse, as_events, event, gather, instances
 
 __all__ = ["Event", "Trace", "last", "region", "set_last", "uneven_work"]
 _last: Trace | None = None
 _recording: dict[int, Trace] = {}      # id(lab) -> its trace that is recording now
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Event:
-    """One operation on one rank. Times are seconds since the trace started."""
-    index: int                     # position in tr.events
-    rank: int
-    op: str                        # "send", "all_reduce", "wait", "backward", ...
-    kind: str                      # "p2p", "collective", "wait", "setup" or "compute"
-    start: float
-    end: float                     # when the call returned
-    peer: int | None = None        # p2p: the other rank (global rank)
-    root: int | None = None        # broadcast/reduce/gather/scatter: the root
-    nbytes: int = 0                # the tensor(s) this rank passed in; object ops: bytes moved
-    group: tuple[int, ...] | None = None   # None: the whole world
-    site: str | None = None        # "cell line 3"; "fn line 12" in a function given to lab.run
-    source: str = "call"           # "call": the rank's code called it; "torch": torch did (DDP)
-    blocking: bool = True
-    done: float | None = None      # an async op: complete by then (the first time the rank
-                                   # looked after it was; an upper bound), where known
-    of: int | None = None          # a wait: index of the op it waited for
-    waited: float = 0.0            # seconds of this call spent waiting for another rank
-    match: int | None = None       # p2p: index of the matching send/recv
-    tag: int = 0
-    error: str | None = None
-    open: bool = False             # still in the call when the trace was read (a hang):
-                                   # ``end`` is then when it was read, not when it returned
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
-
-    @property
-    def finish(self) -> float:
-        """When the operation was over: its completion if known, else when the call returned."""
-        return self.done if self.done is not None else self.end
 
 
 @dataclass
@@ -94,6 +64,11 @@ class Clock:
 
 class Trace:
     """Record the ranks' torch.distributed operations; make one with ``lab.trace()``."""
+
+    # What the ranks sent, as analysed columns (``ddplab.trace_events``); the first read
+    # of ``events`` makes the Events from them.
+    _columns: dict[str, list] | None = None
+    _events: list[Event] | None = None
 
     def __init__(self, lab: Any, ranks: Any = None, align: str = "auto") -> None:
         if align not in ("auto", "ping"):
@@ -179,30 +154,46 @@ class Trace:
         return self
 
     # ---------------------------------------------------------------- the data
+    @property
+    def events(self) -> list[Event] | None:
+        """One Event per operation, rank by rank, each rank's in the order it began them;
+        None until the trace has stopped."""
+        if self._events is None and self._columns is not None:
+            self._events = as_events(self._columns)
+        return self._events
+
+    @events.setter
+    def events(self, events: list[Event] | None) -> None:
+        self._events, self._columns, self._over = events, None, None
+
+    @property
+    def collected(self) -> bool:
+        """Whether the trace holds what the ranks recorded (it stopped, or was read after a
+        hang); unlike ``tr.events is not None``, asking makes no Event."""
+        return self._events is not None or self._columns is not None
+
     def _build(self, results: dict[int, dict]) -> None:
-        rows, compute = [], []
-        for rank in self.ranks:
-            shift = self.t0 + self.clock[rank].offset
-            base = len(rows)
-            for item in results[rank]["events"]:     # fresh from the rank: changed in place
-                # The lab's rank number: a bare rank may not have joined a group yet.
-                item["rank"] = rank
-                item["start"] -= shift
-                for key in ("end", "done"):
-                    if item.get(key) is not None:
-                        item[key] -= shift
-                if item.get("of") is not None:
-                    item["of"] += base
-                rows.append(item)
-            compute += [dict(c, rank=rank, start=c["start"] - shift, end=c["end"] - shift)
-                        for c in results[rank]["compute"]]
-        _analyse(rows)
-        self._over = None
-        self.events = [_event(i, row) for i, row in enumerate(rows)]
-        self.compute = sorted((_event(-1, c) for c in compute), key=lambda e: (e.rank, e.start))
+        # The lab's rank numbers (a bare rank may not have joined a group yet), on one clock.
+        shifts = {rank: self.t0 + self.clock[rank].offset for rank in self.ranks}
+        columns = gather(results, shifts)
+        analyse(columns)
+        self.events = None
+        self._columns = columns
+        compute = [dict(c, rank=rank, start=c["start"] - shift, end=c["end"] - shift)
+                   for rank, shift in shifts.items() for c in results[rank]["compute"]]
+        self.compute = sorted((event(-1, c) for c in compute), key=lambda e: (e.rank, e.start))
+
+    def columns(self) -> dict[str, list]:
+        """The events as columns: per Event field (``index`` aside: it is the position),
+        its value for every event, in ``tr.events`` order. What the picture of a big
+        trace reads: no Event is made."""
+        if self._columns is not None:
+            return self._columns
+        events = self._require()
+        return {name: [getattr(e, name) for e in events] for name in Event.__dataclass_fields__}
 
     def _require(self) -> list[Event]:
-        if self.events is None:
+        if not self.collected:
             raise DdplabError("ddplab: this trace has no events yet: use `with lab.trace() as tr:` "
                               "and look at tr after the block.")
         return self.events
@@ -217,7 +208,7 @@ class Trace:
 
     def collectives(self) -> list[list[Event]]:
         """Each collective call as the list of its events, one per rank, in call order."""
-        return _instances([e for e in self._require()])
+        return instances(self._require())
 
     def straggler(self) -> int | None:
         """The rank the others waited for in collectives, or None if nobody waited."""
@@ -273,12 +264,12 @@ class Trace:
         return summary(self)
 
     def __repr__(self) -> str:
-        if self.events is None:
+        if not self.collected:
             return f"<ddplab.Trace of ranks {self.ranks}: {'recording' if self.running else 'not started'}>"
         return self.summary()
 
     def _repr_html_(self) -> str | None:
-        if self.events is None:
+        if not self.collected:
             return None
         from .timeline_bins import html
         return html(self)
@@ -340,86 +331,6 @@ def _measure_offsets(lab: Any, ranks: list[int], rounds: int = 5) -> dict[int, C
                 best[rank] = (stamp - (before + after) / 2, trip)
     return {r: Clock(offset, trip / 2, "round trips through ipyparallel")
             for r, (offset, trip) in best.items()}
-
-
-_FIELDS = frozenset(Event.__dataclass_fields__)
-_DEFAULTS = {name: f.default for name, f in Event.__dataclass_fields__.items()
-             if f.default is not MISSING}
-
-
-def _event(index: int, row: dict) -> Event:
-    """``row`` as an Event, its unknown keys dropped.
-
-    Filled in place of ``Event(**row)``: a frozen dataclass's ``__init__`` sets each of
-    its 20 fields through ``object.__setattr__``, which made building a 200k-op trace
-    take seconds; this is one dict update per event, the same Event (frozen after).
-    """
-    values = dict(_DEFAULTS)
-    values.update(row)
-    for key in values.keys() - _FIELDS:
-        del values[key]
-    values["index"] = index
-    if values.get("end") is None:
-        values["end"] = values["start"]
-    if values["group"] is not None:
-        values["group"] = tuple(values["group"])
-    event = object.__new__(Event)
-    object.__setattr__(event, "__dict__", values)
-    return event
-
-
-def _group_key(event: dict | Event) -> Any:
-    group = event["group"] if isinstance(event, dict) else event.group
-    return None if group is None else tuple(group)
-
-
-def _instances(events: list, ordered: bool = True) -> list[list]:
-    """Collectives matched across ranks: the k-th on a group on each rank belong together;
-    ``ordered``: sorted by when the first rank began each one."""
-    per_rank: dict[tuple, list] = defaultdict(list)
-    if events and isinstance(events[0], dict):       # the rows of _analyse: one test, not one per row
-        for e in events:
-            if e["kind"] == "collective":
-                group = e["group"]
-                per_rank[(None if group is None else tuple(group), e["rank"])].append(e)
-    else:
-        for e in events:
-            if e.kind == "collective":
-                per_rank[(_group_key(e), e.rank)].append(e)
-    grouped: dict[tuple, list] = defaultdict(list)
-    for (group, _), items in per_rank.items():
-        for k, e in enumerate(items):
-            grouped[(group, k)].append(e)
-    if not ordered:
-        return list(grouped.values())
-    start = (lambda e: e["start"]) if events and isinstance(events[0], dict) else (lambda e: e.start)
-    return sorted(grouped.values(), key=lambda inst: min(start(e) for e in inst))
-
-
-def _analyse(rows: list[dict]) -> None:
-    """Match sends to recvs, collectives across ranks, and work out who waited how long."""
-    queues: dict[tuple, deque[int]] = defaultdict(deque)
-    for i, row in enumerate(rows):
-        if row["op"] in ("send", "isend", "send_object_list") and row.get("peer") is not None:
-            queues[("s", row["rank"], row["peer"], _group_key(row), row.get("tag", 0))].append(i)
-    for i, row in enumerate(rows):
-        if row["op"] in ("recv", "irecv", "recv_object_list") and row.get("peer") is not None:
-            queue = queues.get(("s", row["peer"], row["rank"], _group_key(row), row.get("tag", 0)))
-            if queue:
-                j = queue.popleft()
-                row["match"], rows[j]["match"] = j, i
-    for row in rows:
-        span = row["end"] - row["start"]
-        if row["kind"] == "wait":
-            row["waited"] = span
-        elif row["kind"] == "p2p" and row.get("blocking") and row.get("match") is not None:
-            other = rows[row["match"]]
-            row["waited"] = min(max(other["start"] - row["start"], 0.0), span)
-    for instance in _instances(rows, ordered=False):
-        arrived = max(e["start"] for e in instance)
-        for e in instance:
-            if e.get("blocking"):
-                e["waited"] = min(max(arrived - e["start"], 0.0), e["end"] - e["start"])
 
 
 def uneven_work(seconds: dict | None = None, seed: int = 0) -> float:

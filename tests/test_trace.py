@@ -421,3 +421,38 @@ def test_the_picture_of_a_100k_event_trace_is_aggregated_into_bins():
     assert "waiting for another rank" in page    # the waits are still counted per bin
     small = _synthetic_trace(10)                 # a small trace keeps a box per op
     assert small._repr_html_().count("<title>rank ") >= 20
+
+
+def test_columns_as_ranks_send_them_give_the_events_rows_give():
+    """What a rank's ``stop`` sends (a list per field, a constant one packed, through JSON
+    after a hang) is read into the same Events as a list of dicts, the older form."""
+    from ddplab.rank.recorder import COLUMNS, packed
+    rows = [{"op": "send", "kind": "p2p", "start": 1.0, "end": 2.0, "nbytes": 16, "peer": 1,
+             "group": (0, 1), "site": "cell line 2"},
+            {"op": "isend", "kind": "p2p", "start": 2.5, "end": 2.6, "nbytes": 16, "peer": 1,
+             "group": (0, 1), "blocking": False, "done": 3.0, "site": "cell line 3"},
+            {"op": "wait", "kind": "wait", "start": 2.7, "end": 3.0, "of": 1, "group": (0, 1),
+             "site": "cell line 4"}]
+    peer_rows = [dict(r, peer=0, op=r["op"].replace("send", "recv"), start=r["start"] + 0.5)
+                 for r in rows]
+    as_rows = _built({0: rows, 1: peer_rows})
+    columns = {rank: json.loads(json.dumps({key: packed([r.get(key, default) for r in these])
+                                            for key, default in COLUMNS.items()}))
+               for rank, these in ((0, rows), (1, peer_rows))}
+    assert isinstance(columns[0]["group"], dict)               # one value for every row
+    as_columns = _built(columns)
+    assert as_columns.events == as_rows.events
+    assert [e.match for e in as_columns.events] == [3, 4, None, 0, 1, None]
+    assert as_columns.events[0].waited == 0.5 and as_columns.events[2].of == 1
+    assert as_columns.columns()["op"] == [e.op for e in as_rows.events]
+    assert repr(as_columns) == repr(as_rows)
+
+
+def _built(events: dict):
+    from ddplab.trace import Clock, Trace
+    tr = Trace.__new__(Trace)
+    tr.ranks, tr.t0, tr.running, tr.complete, tr.hung = [0, 1], 0.0, False, True, False
+    tr.clock = {0: Clock(), 1: Clock()}
+    tr._build({rank: {"events": these, "compute": [], "recorded": True}
+               for rank, these in events.items()})
+    return tr

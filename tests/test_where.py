@@ -176,3 +176,38 @@ def test_live_frames_read_as_their_records():
     found = names["cell"](names["send"], lambda: where.locate(where.records(sys._getframe(1))))
     assert found.blocked() == "blocked in send, cell line 3"
     assert found.call_at == 0 and found.line_at == 1
+
+
+def _compiled(source: str, filename: str, names: dict) -> dict:
+    exec(compile(source, filename, "exec"), names)
+    return names
+
+
+def test_live_site_answers_as_locate_does_as_callers_move_on():
+    """``LiveSite`` keeps the answer for the frames beyond the user's caller; it must
+    still say each call's own line when the cell further out moves to another line,
+    when the caller is a new call of the same function, and for a generator."""
+    live = where.LiveSite()
+    answers = []
+
+    def probe():
+        frame = sys._getframe(1)                       # the "send" frame, innermost
+        found = where.locate(where.records(frame))
+        answers.append((live.site(frame), (found.line or None, found.call)))
+
+    names = _compiled("def send(probe):\n    probe()\n", C10D, {})
+    _compiled("def pass_along(send, probe):\n    send(probe)\n", HELPER, names)
+    _compiled("def fn(n):\n    for _ in range(n):\n        pass_along(send, probe)\n"
+              "def gen():\n    while True:\n        yield pass_along(send, probe)\n",
+              KERNEL_FN, names)
+    names["probe"] = probe
+    _compiled("def cell():\n    fn(2)\n    fn(1)\n    g = gen()\n    next(g)\n    next(g)\n",
+              where.CELL_FILENAME.format(n=7), names)
+    names["cell"]()
+    names["fn"](2)                                     # no cell on the stack: the helper's line
+    assert [mine for mine, _ in answers] == [theirs for _, theirs in answers]
+    assert [line for (line, _), _ in answers] == ["cell line 2"] * 2 + ["cell line 3"] + \
+        ["cell line 5", "cell line 6"] + ["pass_along line 2"] * 2
+    assert {call for (_, call), _ in answers} == {"send"}
+    live.forget()
+    assert live.kept == (None, "")

@@ -126,7 +126,7 @@ def _traced(lab, options: dict, ranks, shell):
         with trace:
             yield
     finally:
-        if trace.events is not None:
+        if trace.collected:
             if options.get("trace_name") and shell is not None:
                 shell.user_ns[options["trace_name"]] = trace
             display(trace)

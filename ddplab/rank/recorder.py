@@ -3,8 +3,18 @@
 ``ddplab.rank.trace`` installs the wrappers and the dispatcher kernels and hands
 every call to a ``CallRecorder``; this module turns each call into a plain dict
 (op, peer, bytes, group, times, the user's line as ``where`` says it: "cell line 3")
-and, at the end, into the list the kernel receives. (A cell's printed output is
-recorded elsewhere, by ``output.OutputRecorder``.)
+and, at the end, into what the kernel receives: one list per field (``COLUMNS``),
+not a dict per call. (A cell's printed output is recorded elsewhere, by
+``output.OutputRecorder``.)
+
+What a call costs. A loop of 100k tiny all_reduces is the case to think of: each
+traced call does a dict, two clock readings and the user's line. Finding that line
+used to walk the whole stack (~25 frames of ipyparallel under the user's code) and
+was most of the cost; ``where.LiveSite`` walks it once per calling frame. At the
+end, 100k dicts pickled one by one took seconds to ship; as columns, the same rows
+are a few lists, whose repeated strings (op names, the same site) pickle once, and
+a column of one value (most of them, in a loop of one call) is that value and a
+count (``packed``).
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from .where import locate, records
+from .where import LiveSite, locate, records
 
 # Python-level functions: name -> (kind, argument holding the payload, argument naming the peer/root).
 CALLS = {
@@ -57,6 +67,11 @@ _PEER_ARG = {"send": 2, "recv_": 2}
 _UNWRAPPED = ("isend", "irecv", "batch_isend_irecv", "monitored_barrier")
 _active: list = [None]               # the CallRecorder of the trace running now, if one is
 _torch: Any = None                   # torch, once a CallRecorder exists (ranks import it anyway)
+_dist: Any = None                    # and torch.distributed: no import statement per call
+#: The fields the kernel receives, one list each, and what a row without the key holds.
+COLUMNS = {"op": None, "kind": None, "start": None, "end": None, "done": None, "nbytes": 0,
+           "group": None, "peer": None, "root": None, "site": None, "source": "call",
+           "blocking": True, "tag": 0, "of": None, "error": None, "open": False}
 
 
 def _nbytes(value: Any) -> int:
@@ -67,34 +82,32 @@ def _nbytes(value: Any) -> int:
     return 0
 
 
-def _site(frame) -> tuple[str | None, str | None]:
-    """(the user's line, or None; the torch.distributed function the user called, if unwrapped).
-
-    The second is for the dispatcher layer: an op issued inside ``isend`` (or
-    ``batch_isend_irecv``, ``monitored_barrier``) is the rank's own call, not torch's.
-    """
-    found = locate(records(frame))
-    caller = found.call if found.call in _UNWRAPPED else None
-    return found.line or None, caller
+class _Local(threading.local):
+    """Per thread: the site of a backward under way (a class default: reading it needs no
+    ``getattr(..., None)``)."""
+    backward: str | None = None
 
 
 class CallRecorder:
     """Records one rank's torch.distributed calls while a trace runs (see ``ddplab.rank.trace``)."""
 
     def __init__(self) -> None:
-        global _torch
+        global _torch, _dist
         import sys
 
         import torch
-        _torch = torch
+        import torch.distributed
+        _torch, _dist = torch, torch.distributed
         self.events, self.compute = [], []
         self.works: dict[int, tuple[Any, dict]] = {}   # id(Work) -> (Work kept alive, its event)
         self.groups: dict[int, tuple] = {}
         self.pending: list[tuple[Any, Any, dict]] = []   # async ops not yet seen complete
         self.futureless: set[str] = set()     # ops whose Work has no future (asking raises)
-        self.local = threading.local()
-        # The calls under way right now, by thread: what a snapshot shows open-ended when
-        # the rank is stuck inside one (read by another thread: ``snapshot``).
+        self.local = _Local()
+        self.live = LiveSite()
+        # The calls under way right now, by thread: the inner calls of one add to it, and
+        # a snapshot shows it open-ended when the rank is stuck inside (read by another
+        # thread: ``snapshot``). A dict by thread id: cheaper to ask than a threading.local.
         self.inflight: dict[int, dict] = {}
         self.spans_open: dict[int, dict] = {}     # a backward under way, by thread
         self.frame = sys._getframe
@@ -106,7 +119,7 @@ class CallRecorder:
 
     def group(self, group: Any) -> tuple | None:
         """A group as the tuple of its global ranks; None for the whole world."""
-        import torch.distributed as dist
+        dist = _dist
         if group is None or group is dist.GroupMember.WORLD:
             return None
         key = id(group)
@@ -115,23 +128,29 @@ class CallRecorder:
         return self.groups[key][1]
 
     def where(self, depth: int) -> tuple[str | None, str | None]:
-        frame = self.frame(depth)
-        site, caller = _site(frame)
+        """(the user's line, or None; the torch.distributed function the user called, if unwrapped).
+
+        The second is for the dispatcher layer: an op issued inside ``isend`` (or
+        ``batch_isend_irecv``, ``monitored_barrier``) is the rank's own call, not torch's.
+        """
+        site, call = self.live.site(self.frame(depth))
         if site is None and threading.get_ident() != self.main:
             # DDP's backward on a GPU runs on autograd's own thread: the line
             # that started it is on the main thread.
             import sys
-            site, caller = _site(sys._current_frames().get(self.main))
-        return site, caller
+            found = locate(records(sys._current_frames().get(self.main)))
+            site, call = found.line or None, found.call
+        return site, call if call in _UNWRAPPED else None
 
     # ------------------------------------------------------ layer 1: Python calls
     def call(self, name: str, raw, params: tuple, args: tuple, kwargs: dict) -> Any:
-        import torch
-        import torch.distributed as dist
+        torch = _torch
         bound = dict(zip(params, args))
-        bound.update(kwargs)
+        if kwargs:
+            bound.update(kwargs)
         kind, payload, peer_arg = CALLS[name]
-        parent = getattr(self.local, "call", None)
+        me = threading.get_ident()
+        parent = self.inflight.get(me)
         if parent is not None:          # inside an object collective: count its bytes there
             parent["nbytes"] += _nbytes(bound.get(payload)) if payload else 0
             with torch._C._AutoDispatchBelowAutograd():
@@ -140,20 +159,21 @@ class CallRecorder:
         if name == "destroy_process_group":
             self.settle_groups()         # the groups it ends can no longer be looked up after
         now = time.perf_counter()
-        self.poll(now)
+        if self.pending:
+            self.poll(now)
         event = {"op": name, "kind": kind, "start": now, "end": None,
                  "nbytes": _nbytes(bound.get(payload)) if payload else 0,
-                 "group": self.group(group) if kind != "setup" else None, "source": "call",
-                 "blocking": not bound.get("async_op", False), "tag": bound.get("tag", 0)}
+                 "group": self.group(group) if kind != "setup" else None,
+                 "blocking": not bound.get("async_op", False), "tag": bound.get("tag", 0),
+                 # frames: 0 this one, 1 the wrapper ``rank.trace`` installed, 2 torch's own
+                 "site": self.live.site(self.frame(2))[0] or self.where(3)[0]}
         if peer_arg:
             peer = bound.get(peer_arg)
-            local = bound.get("group_" + peer_arg)
-            if peer is None and local is not None:
-                peer = dist.get_global_rank(group or dist.GroupMember.WORLD, local)
+            group_peer = bound.get("group_" + peer_arg)
+            if peer is None and group_peer is not None:
+                peer = _dist.get_global_rank(group or _dist.GroupMember.WORLD, group_peer)
             event["peer" if kind == "p2p" else "root"] = peer
-        event["site"] = self.where(3)[0]
-        self.local.call = event
-        self.inflight[threading.get_ident()] = event
+        self.inflight[me] = event
         try:
             if payload or name == "barrier":
                 with torch._C._AutoDispatchBelowAutograd():
@@ -165,9 +185,8 @@ class CallRecorder:
             raise
         finally:
             event["end"] = time.perf_counter()
-            self.local.call = None
             self.events.append(event)
-            self.inflight.pop(threading.get_ident(), None)
+            self.inflight.pop(me, None)
         if name in ("recv", "recv_object_list") and event.get("peer") is None:
             event["peer"] = result
         if not event["blocking"] and result is not None:
@@ -205,7 +224,7 @@ class CallRecorder:
             self.pending = still
 
     def wait(self, raw, work: Any, args: tuple, kwargs: dict) -> Any:
-        if getattr(self.local, "call", None) is not None:
+        if threading.get_ident() in self.inflight:
             return raw(work, *args, **kwargs)
         start = time.perf_counter()
         try:
@@ -218,8 +237,7 @@ class CallRecorder:
                 with contextlib.suppress(Exception):
                     of["peer"] = work._source_rank()
             self.events.append({"op": "wait", "kind": "wait", "start": start, "end": end,
-                                "of": of, "site": self.where(3)[0], "source": "call",
-                                "blocking": True, "nbytes": 0, "group": None})
+                                "of": of, "site": self.where(3)[0]})
 
     def span(self, name: str, start: float, end: float, site: str | None) -> None:
         self.poll(end)
@@ -235,12 +253,12 @@ class CallRecorder:
         end = time.perf_counter()
         pg_index = 1 if isinstance(args[1], torch.ScriptObject) else 2
         payload = _nbytes(args[0] if name == "scatter_" or pg_index == 1 else args[1])
-        parent = getattr(self.local, "call", None)
+        parent = self.inflight.get(threading.get_ident())
         if parent is not None:           # part of a call layer 1 records (an object collective)
             parent["nbytes"] += payload
             return out
         # Inside backward (DDP's buckets) the site is the backward's: no need to walk the stack.
-        site, caller = getattr(self.local, "backward", None), None
+        site, caller = self.local.backward, None
         if site is None:
             site, caller = self.where(3)
         event = {"op": caller if caller == "monitored_barrier" else C10D_OPS[name],
@@ -292,9 +310,10 @@ class CallRecorder:
 
     # ------------------------------------------------------------ the result
     def finish(self) -> dict:
-        """Plain data, times on this machine's wall clock, a wait naming its op by index."""
+        """Plain data (see ``_plain``)."""
         if _active[0] is self:
             _active[0] = None
+        self.live.forget()
         return self._plain(self.events, self.compute, [])
 
     def snapshot(self) -> dict:
@@ -302,41 +321,55 @@ class CallRecorder:
 
         The main thread may be blocked inside a call (a hang): that call, and a
         ``backward`` under way, come as events with ``open=True`` and ``end`` = now.
-        Nothing of the recorder's is changed: the rows are copies (a list copy and a
-        dict copy are single steps under the GIL, so a rank that is still running is
-        read consistently enough: at worst without its latest call).
+        Nothing of the recorder's is changed: the rows read are copies where ``_plain``
+        would change them (a list copy and a dict copy are single steps under the GIL,
+        so a rank that is still running is read consistently enough: at worst without
+        its latest call).
         """
         now = time.perf_counter()
         events, compute = list(self.events), list(self.compute)
         opened = [dict(e, end=now, open=True) for e in list(self.inflight.values())]
         compute += [dict(c, end=now, open=True) for c in list(self.spans_open.values())]
-        return self._plain([dict(e) for e in events] + opened, compute, events)
+        copies = [dict(e) if "pg" in e else e for e in events]
+        return self._plain(copies + opened, compute, events)
 
     def _plain(self, events: list[dict], compute: list[dict], originals: list[dict]) -> dict:
-        """``events`` as the kernel receives them; ``originals``: what copies were made of
-        (a wait's ``of`` points at an original)."""
-        def wall(t):
-            return None if t is None else self.wall0 + (t - self.pc0)
-        order = sorted(range(len(events)), key=lambda i: events[i]["start"])
-        index = {}
-        for position, i in enumerate(order):
-            index[id(events[i])] = position
-            if i < len(originals):
-                index[id(originals[i])] = position
-        out = []
-        for i in order:
-            event = events[i]
-            self.resolve(event)
-            event = dict(event)
-            of = event.pop("of", None)
-            if event["op"] == "wait":
-                event["of"] = index.get(id(of)) if of is not None else None
-            for key in ("start", "end", "done"):
-                if key in event:
-                    event[key] = wall(event[key])
-            out.append(event)
-        compute = [dict(c, start=wall(c["start"]), end=wall(c["end"])) for c in compute]
-        return {"events": out, "compute": compute}
+        """``events`` as the kernel receives them: ``{"events": {field: [value per op]},
+        "compute": [dict per span]}``, ops in the order they began, times on this machine's
+        wall clock, a wait's ``of`` the index of its op. ``originals``: what copies were
+        made of (a wait's ``of`` points at an original)."""
+        shift = self.wall0 - self.pc0
+        starts = [e["start"] for e in events]
+        order = sorted(range(len(events)), key=starts.__getitem__)
+        rows = [events[i] for i in order]
+        for event in rows:
+            if "pg" in event:
+                self.resolve(event)
+        columns = {key: [e.get(key, default) for e in rows] for key, default in COLUMNS.items()}
+        if any(of is not None for of in columns["of"]):
+            index = {}
+            for position, i in enumerate(order):
+                index[id(events[i])] = position
+                if i < len(originals):
+                    index[id(originals[i])] = position
+            columns["of"] = [None if of is None else index.get(id(of)) for of in columns["of"]]
+        for key in ("start", "end", "done"):
+            columns[key] = [None if t is None else t + shift for t in columns[key]]
+        same: dict = {}                  # equal sites as one object: pickled once, then referenced
+        columns["site"] = [same.setdefault(site, site) for site in columns["site"]]
+        compute = [dict(c, start=c["start"] + shift, end=c["end"] + shift) for c in compute]
+        return {"events": {key: packed(values) for key, values in columns.items()},
+                "compute": compute}
+
+
+def packed(values: list) -> list | dict:
+    """A column as sent: ``{"all": value, "n": count}`` when every value is the same (in a
+    loop of one call, most columns), else the list. Plain data, as JSON carries it too.
+    (``count`` compares with ``==``, for which ``True`` is ``1``: the types must agree too.)
+    """
+    if values and values.count(values[0]) == len(values) and len(set(map(type, values))) == 1:
+        return {"all": values[0], "n": len(values)}
+    return values
 
 def settle_groups() -> None:
     """Before torch's group tables change under a running trace (``ddplab.rank.owngroup``

@@ -1,7 +1,8 @@
 """Record this rank's torch.distributed operations while a trace is on.
 
 The kernel's ``lab.trace()`` calls ``start()`` on every rank, runs the cells,
-then calls ``stop()``, which returns the recorded operations as plain dicts.
+then calls ``stop()``, which returns the recorded operations as plain data
+(one list per field: ``ddplab.rank.recorder``).
 Between the two, two layers record:
 
 1. **Python calls.** Each public ``torch.distributed`` function (``send``,

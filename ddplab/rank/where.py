@@ -8,7 +8,9 @@ through this module, in one wording:
 - the hang report (``lab.diagnose``), from the faulthandler dump the kernel
   reads: ``rank 0: still in all_reduce (cell line 3)``, or for a rank busy in
   its own code ``at cell line 2``;
-- the trace (``rank.recorder``), once per recorded call: ``site='cell line 3'``.
+- the trace (``rank.recorder``), once per recorded call: ``site='cell line 3'``,
+  through ``LiveSite``, which reads the same answer off live frames without
+  walking the whole stack each time (a 100k-call loop asks 100k times).
 
 A stack here is a sequence of ``(filename, line, function)`` records, innermost
 first: what a faulthandler dump lists, and what ``records(frame)`` reads off
@@ -42,6 +44,7 @@ code with ``CELL_FILENAME``, and everyone who looks for cells uses ``CELL_PREFIX
 
 from __future__ import annotations
 
+import inspect
 import os
 from types import FrameType
 from typing import Iterable, Iterator, NamedTuple
@@ -182,3 +185,79 @@ def locate(stack: Iterable[Record]) -> Where:
         if kind == _C10D and not function.startswith("_"):
             call, call_at = function, index
     return Where(call, line, call_at, line_at, in_dist, innermost)
+
+
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | \
+    inspect.CO_ITERABLE_COROUTINE
+
+
+class LiveSite:
+    """``locate`` for a live stack, cheap enough to ask on every traced call.
+
+    ``site(frame)`` answers ``(line, call)`` as ``locate(records(frame))`` does
+    (``line`` None where it is ""). A rank's stack is ~25 frames of ipyparallel and
+    ipykernel below the user's code, and ``locate`` walks all of them, looking for a
+    cell further out that would win: that walk was most of what tracing cost per
+    call. Here it is walked once per calling frame: the frames outward of the user's
+    innermost frame ``F`` are the same, at the same lines, for as long as ``F``'s caller
+    ``O`` runs (a function's callers stay put until it returns, and the ones further
+    out are suspended in calls). So the answer for the part beyond ``O`` is kept, with
+    ``O`` itself: the next call from the same loop finds it again by identity.
+
+    ``O`` is held (a frame object holds its locals) until another frame takes its
+    place or the trace ends: one frame at most. A generator's frame is never kept: it
+    can be resumed from elsewhere, with other callers.
+    """
+
+    def __init__(self) -> None:
+        # (O, the cell line outward of it or ""): one tuple, so that a thread reading it
+        # while another replaces it sees a frame and its own answer.
+        self.kept: tuple[FrameType | None, str] = (None, "")
+
+    def site(self, frame: FrameType | None) -> tuple[str | None, str | None]:
+        call = None
+        kinds = _kinds
+        while frame is not None:
+            code = frame.f_code
+            filename = code.co_filename
+            kind = kinds.get(filename)
+            if kind is None:
+                kind = _kind(filename)
+            if kind == _CELL:
+                return f"cell line {frame.f_lineno}", call
+            if kind == _USER:
+                cell = self._cell_outward(frame.f_back)
+                if cell:
+                    return cell, call
+                name = code.co_name
+                if name.startswith("<"):
+                    name = os.path.basename(filename)
+                return f"{name} line {frame.f_lineno}", call
+            if kind == _C10D and not code.co_name.startswith("_"):
+                call = code.co_name          # the outermost one inward of the user's code
+            frame = frame.f_back
+        return None, call
+
+    def _cell_outward(self, outer: FrameType | None) -> str:
+        """The line of the innermost cell from ``outer`` outwards, or ""."""
+        if outer is None:
+            return ""
+        kept = self.kept
+        if outer is kept[0]:
+            return kept[1]
+        code = outer.f_code
+        if code.co_filename.startswith(CELL_PREFIX):
+            return f"cell line {outer.f_lineno}"        # its line moves on: never kept
+        found, frame = "", outer.f_back
+        while frame is not None:
+            if frame.f_code.co_filename.startswith(CELL_PREFIX):
+                found = f"cell line {frame.f_lineno}"
+                break
+            frame = frame.f_back
+        if not code.co_flags & _RESUMABLE:
+            self.kept = (outer, found)
+        return found
+
+    def forget(self) -> None:
+        """Let go of the kept frame (the trace ended)."""
+        self.kept = (None, "")
