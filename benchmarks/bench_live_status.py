@@ -14,7 +14,7 @@ threads. It also times one look by itself, and counts the looks that said
 "blocked" during the loops (none should: every call is a new one).
 
 Measured on the shared 2-core machine (load average ~7), 2026-11-23, 8,000
-calls a run, medians of 7: see the table in README.md (Benchmarks): off
+calls a run, medians of 7: see the table in benchmarks/README.md: off
 157.9 µs, on 170.1 µs (paired 0.911), x100 163.1 µs (paired 1.028): noise.
 
 Run: ``.venv/bin/python benchmarks/bench_live_status.py [--repeat 9] [--calls 8000]``

@@ -1,7 +1,7 @@
 """The environment every student's server runs on a class server: one, world-readable, reused.
 
 On a JupyterHub the admin installs ddplab once, into an environment every user
-may read (README, "A class on one shared server"): ``pip install -c
+may read (docs/class-server.md): ``pip install -c
 constraints.txt`` of ddplab and jupyterhub, so torch is the pinned one. This
 checkout cannot serve: CI clones it into a folder other users may not enter
 (``/root``), and ``.venv``'s interpreter may live there too (pyenv). So

@@ -119,7 +119,7 @@ def test_every_exercise_and_check_carries_its_nbgrader_metadata():
                 assert cell.metadata["nbgrader"]["grade_id"] == cell.id, (path.name, cell.id)
 
 
-# Every exercise gets a hint (README, "Adding an exercise"): a nudge, not the answer.
+# Every exercise gets a hint (docs/contributing.md, "Adding an exercise"): a nudge, not the answer.
 HINTED = sorted(exercises())
 
 

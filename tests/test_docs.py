@@ -50,7 +50,7 @@ def test_every_relative_link_resolves(path):
         file, _, anchor = target.partition("#")
         resolved = (path.parent / file).resolve() if file else path
         if not resolved.exists():
-            broken.append(f"{target}: no file {resolved.relative_to(ROOT) if resolved.is_relative_to(ROOT) else resolved}")
+            broken.append(f"{target}: no file {resolved}")
         elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
             broken.append(f"{target}: no heading of {resolved.name} makes #{anchor}")
     assert not broken, f"{path.relative_to(ROOT)}: broken links:\n" + "\n".join(broken)
@@ -83,3 +83,47 @@ def test_every_notebook_is_linked(page):
     linked = {Path(t.partition("#")[0]).name for t in links(ROOT / page)}
     missing = [p.name for p in sorted((ROOT / "notebooks").glob("*.ipynb")) if p.name not in linked]
     assert not missing, f"{page} does not link: {missing}"
+
+
+GUIDE = re.compile(r'((?:docs/[\w-]+|benchmarks/README)\.md)(?:, \\?"([^"\\]+?)\\?")?')
+STALE = re.compile(r"""README['’]s [A-Z]|README, \\?"|README\.md \("""
+                   r"|see the README|see README|the README (?:says|shows)")
+
+
+def _sources():
+    """The code, tools, tests and notebooks: the files whose text points readers at a guide."""
+    yield from sorted((ROOT / "ddplab").rglob("*.py"))
+    for folder, pattern in (("tools", "*"), ("benchmarks", "*.py"), ("tests", "*.py"),
+                            ("notebooks", "*.ipynb")):
+        yield from sorted(p for p in (ROOT / folder).glob(pattern)
+                          if p.is_file() and p.name != "test_docs.py")
+
+
+def _text(source: Path) -> str:
+    return re.sub(r"\s+", " ", source.read_text(errors="replace"))      # a name wrapped across lines
+
+
+def _titles(path: Path) -> list[str]:
+    return [re.sub(r"[`*]", "", line.lstrip("#").strip()).lower()
+            for line in re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S).splitlines()
+            if line.startswith("#")]
+
+
+def test_every_guide_the_code_names_exists():
+    """Text that says `docs/x.md, "Section"` names a file, and a heading of it, that exist."""
+    wrong = []
+    for source in _sources():
+        for page, section in GUIDE.findall(_text(source)):
+            where = f"{source.relative_to(ROOT)}: {page}"
+            if not (ROOT / page).exists():
+                wrong.append(f"{where}: no such file")
+            elif section and not any(h.startswith(section.lower()) for h in _titles(ROOT / page)):
+                wrong.append(f'{where}: no heading starts with "{section}"')
+    assert not wrong, "\n".join(wrong)
+
+
+def test_nothing_points_at_a_readme_section_any_more():
+    """The README is a front page: the sections the code used to cite live in docs/ now."""
+    found = [f"{source.relative_to(ROOT)}: {m.group(0)}"
+             for source in _sources() for m in STALE.finditer(_text(source))]
+    assert not found, "point these at the guide in docs/ instead:\n" + "\n".join(found)

@@ -214,6 +214,7 @@ def test_a_reference_without_check_outputs_stops_grading_with_the_fix(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "check cell check-who-waited" in result.stderr and "Execute and clean" in result.stderr
+    assert "docs/contributing.md" in result.stderr                 # where the fix is written down
 
 
 # ------------------------------------------------------------- the sanitize file

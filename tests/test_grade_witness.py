@@ -354,3 +354,4 @@ def test_a_check_cell_it_cannot_run_itself_runs_in_the_kernel_and_the_grader_say
     assert graded == {"right": 1, "wrong": 0}
     warned = [r.getMessage() for r in caplog.records if "check-x" in r.getMessage()]
     assert len(warned) == 1 and "can forge it" in warned[0] and "00_x.ipynb" in warned[0], warned
+    assert "docs/instructors.md" in warned[0], warned

@@ -1,6 +1,6 @@
 """A class on one server, for real: three students on a JupyterHub, each running notebook 00 at once.
 
-What a class server promises (README, "A class on one shared server"), tried end to end
+What a class server promises (docs/class-server.md), tried end to end
 with the real programs: ``jupyterhub`` from PyPI (this venv, as root) behind
 ``configurable-http-proxy`` from npm, both on 127.0.0.1, with the configuration an admin
 would write (tests/hub/jupyterhub_config.py). Three local accounts (hubkit) log in through

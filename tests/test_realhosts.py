@@ -193,7 +193,7 @@ def setup(request):
 
 @pytest.fixture(scope="class")
 def lab(request, setup, workdir):
-    """The class's lab, started with only what the README says to pass."""
+    """The class's lab, started with only what docs/multi-host.md says to pass."""
     request.cls.before = {p.pid for p in psutil.Process().children(recursive=True)}
     start = time.monotonic()
     lab = ddplab.start(world_size=request.cls.world_size, backend="gloo", timeout=30,
@@ -438,7 +438,7 @@ def test_an_exiting_kernel_leaves_nothing_after_stop_restart_and_failed_starts(s
 
 # ----------------------------------------------------------- attach
 def test_attach_to_a_slurm_cluster_you_started_leaves_it_running(slurm, tmp_path):
-    """``ipcluster start --engines=slurm`` as the README shows, then ``ddplab.attach``."""
+    """``ipcluster start --engines=slurm`` as docs/multi-host.md shows, then ``ddplab.attach``."""
     import ipyparallel as ipp
     profile = str(tmp_path / "profile")
     ipcluster = subprocess.Popen(

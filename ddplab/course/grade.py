@@ -212,7 +212,8 @@ def _say_unwitnessed(ref: Path) -> None:
         if not grade_witness.witnessable(ex.check.source):
             log.warning("ddplab grade: check cell %s of %s is not a call of a ddplab.check "
                         "function on names and literals, so it runs in the submission's kernel, "
-                        "where a submission can forge it (README, \"Grading a hostile class\").",
+                        "where a submission can forge it (docs/instructors.md, \"Grading a hostile "
+                        "class\").",
                         ex.check.get("id", ex.name), ref.name)
 
 

@@ -23,12 +23,12 @@ forged (the grader warns of such cells). Before such a check, the grader:
 - reads the verdict (``verdict``): only ``pass`` with that nonce earns the
   point, and the verdict lines are removed before outputs are compared.
 
-What this cannot stop, for the checks that run in the kernel (README,
-"Grading a hostile class"): code that changes what the checker relies on
-beyond what is put back (``ddplab.lab``'s ``Lab.run``, another module's
-functions, the guard's own names shadowed in the notebook's namespace, such
-as ``exec`` or ``get_ipython``, IPython's hooks, which see the cell and its
-nonce).
+What this cannot stop, for the checks that run in the kernel
+(docs/instructors.md, "Grading a hostile class"): code that changes what the
+checker relies on beyond what is put back (``ddplab.lab``'s ``Lab.run``,
+another module's functions, the guard's own names shadowed in the notebook's
+namespace, such as ``exec`` or ``get_ipython``, IPython's hooks, which see the
+cell and its nonce).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def check_reference(path: Path):
     if bare:
         raise GradeError(f"ddplab grade: check cell check-{bare[0]} in {path} has no stored "
                          f"output to compare with. Execute and clean the reference notebook "
-                         f"(see the README) before grading.")
+                         f"(see docs/contributing.md, \"Editing a notebook\") before grading.")
     return reference, found
 
 

@@ -33,12 +33,12 @@ what a submission does, so a submission cannot push a check back into its
 kernel. Another check cell (an instructor's ``assert f(3) == 9``) runs in the
 kernel under ``grade_check``'s guard, which the grader says can be forged.
 
-What this cannot defend against (README, "Grading a hostile class"): the
-ranks' state and the kernel's data are the submission's. A submission can
-leave the right values on the ranks without computing them (a hard-coded
-answer), patch what a checker calls on a rank, answer with a made-up trace
-for a timeline question, or replace the lab's controller and engines with
-processes of its own, which then answer the check.
+What this cannot defend against (docs/instructors.md, "Grading a hostile
+class"): the ranks' state and the kernel's data are the submission's. A
+submission can leave the right values on the ranks without computing them (a
+hard-coded answer), patch what a checker calls on a rank, answer with a
+made-up trace for a timeline question, or replace the lab's controller and
+engines with processes of its own, which then answer the check.
 """
 
 from __future__ import annotations

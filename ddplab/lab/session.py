@@ -94,7 +94,7 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
       127.0.0.1 that only the ranks share. Where the machine forbids that
       (no user namespaces), the lab starts anyway and says in one line what
       is exposed: gloo's sockets on this machine's 127.0.0.1, where gloo does
-      not authenticate who connects (README, "What is exposed").
+      not authenticate who connects (docs/security.md, "What is exposed").
 
     - ``hosts=["node1", "node2"]`` or ``engines="ssh"|"mpi"|"slurm"``: ranks on
       several hosts, started by ipyparallel's launchers; see ``ddplab.lab.multihost``
