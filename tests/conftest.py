@@ -15,10 +15,13 @@ import ddplab
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """Tests on the network-namespace hosts are the ``netns`` tier (root and iproute2)."""
+    """Tests on the network-namespace hosts are the ``netns`` tier (root and iproute2); the
+    notebooks that nbval runs are the ``course`` tier, with the modules that grade them."""
     for item in items:
         if "hosts_lab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.netns)
+        if str(item.path).endswith(".ipynb"):
+            item.add_marker(pytest.mark.course)
 
 
 @pytest.fixture
