@@ -31,6 +31,24 @@ def chromium() -> str:
 
 
 @pytest.fixture(scope="session")
+def shell():
+    """IPython's one test shell (a second ``start_ipython()`` returns None), ddplab's magics loaded."""
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "ddplab")
+    shell.run_cell("import ddplab")
+    return shell
+
+
+def cell_error(shell, source: str) -> BaseException | None:
+    """Run ``source`` as a cell of ``shell``; the exception it raised, or None."""
+    result = shell.run_cell(source)
+    return result.error_in_exec or result.error_before_exec
+
+
+@pytest.fixture(scope="session")
 def lab():
     """A running 2-rank gloo lab, restarted if a test left it broken."""
     with ddplab.start(world_size=2, backend="gloo", timeout=30) as lab:

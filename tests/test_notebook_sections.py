@@ -47,7 +47,7 @@ def test_the_lab_is_restarted_only_once_it_was_started_and_only_before_exercises
 
 def test_the_cells_a_notebook_says_to_rerun_follow_its_restart():
     name = "05_ddp_training.ipynb"
-    nb, out = _read(name), with_restarts(_read(name), name)
+    out = with_restarts(_read(name), name)
     first = next(i for i, c in enumerate(out.cells) if c.metadata.get("ddplab", {})
                  .get("restart_before") == "cell-20")
     assert out.cells[first + 1].metadata["ddplab"]["rerun_of"] == RESTART_FROM[name]["cell-20"]

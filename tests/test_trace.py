@@ -10,8 +10,6 @@ import inspect
 import json
 
 import pytest
-from IPython import get_ipython
-from IPython.testing.globalipapp import start_ipython
 
 import ddplab
 from ddplab.rank import trace as rank_trace
@@ -282,13 +280,6 @@ def test_clock_offsets_measured_by_round_trips_are_within_their_bound(fresh_lab)
     with fresh_lab.trace() as tr:
         pass
     assert {c.how for c in tr.clock.values()} == {"same machine"}
-
-
-@pytest.fixture(scope="module")
-def shell():
-    shell = start_ipython() or get_ipython()    # IPython's one test shell, whoever started it
-    shell.run_line_magic("load_ext", "ddplab")
-    return shell
 
 
 def test_ranks_trace_magic_shows_the_picture_under_the_cell(shell, fresh_lab, capsys):
