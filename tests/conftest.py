@@ -64,14 +64,21 @@ def fresh_lab(lab):
     return lab
 
 
+def side_lab(world_size: int = 2, *, timeout: float = 60, grace: float = 2.0,
+             pg_timeout: float = 1800, init_method: str | None = "store", start: bool = True):
+    """A local CPU (gloo) lab beside the session's labs: ``ddplab.start`` would replace the
+    2-rank one. Started unless ``start=False``; the caller stops it."""
+    from ddplab.lab import Lab, LabSpec
+
+    lab = Lab(LabSpec(world_size=world_size, backend="gloo", timeout=timeout, grace=grace,
+                      pg_timeout=pg_timeout, debug=False, init_method=init_method), gpus=0)
+    return lab.start() if start else lab
+
+
 @pytest.fixture(scope="session")
 def lab4():
     """A running 4-rank gloo lab, beside the 2-rank one (start() would replace that one)."""
-    from ddplab.lab import Lab, LabSpec
-
-    lab = Lab(LabSpec(world_size=4, backend="gloo", timeout=60, grace=2.0,
-                      pg_timeout=1800, debug=False), gpus=0)
-    lab.start()
+    lab = side_lab(4)
     yield lab
     lab.stop()
 

@@ -10,6 +10,7 @@ import inspect
 import json
 
 import pytest
+from conftest import side_lab
 
 import ddplab
 from ddplab.rank import trace as rank_trace
@@ -341,11 +342,7 @@ def test_summary_lines_break_between_ops_never_inside_one():
 
 
 def test_a_bare_lab_traces_the_students_own_init_process_group():
-    from ddplab.lab import Lab, LabSpec
-
-    lab = Lab(LabSpec(world_size=2, backend="gloo", timeout=30, grace=1.0, pg_timeout=1800,
-                      debug=False, init_method=None), gpus=0)
-    lab.start()
+    lab = side_lab(2, timeout=30, grace=1.0, init_method=None)
     try:
         with lab.trace() as tr:
             lab.run_cell("import torch.distributed as dist\n"
