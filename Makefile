@@ -31,18 +31,22 @@ lab-reference: install
 # The unit and integration tests, then nbval over every notebook, in one pytest run.
 # The browser test needs Debian's Chromium: installed here when missing (apt-get, as
 # root, as on CI), and required, so a machine without it fails rather than skips.
+# Where the time goes: the 30 slowest tests close the run, build/test-results.xml has
+# every test's time, and `python tools/test_times.py` sums it by module.
 test: install
 	bash tools/ensure_chromium.sh
 	bash tools/ensure_hosts.sh $(BIN)/python
 	bash tools/ensure_sandbox.sh
 	bash tools/ensure_hub.sh
 	DDPLAB_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests notebooks --nbval --nbval-cell-timeout=300 \
-		--nbval-sanitize-with ddplab/course/nbval_sanitize.cfg
+		--nbval-sanitize-with ddplab/course/nbval_sanitize.cfg \
+		--durations=30 --junitxml=build/test-results.xml
+	$(BIN)/python tools/test_times.py build/test-results.xml
 
-# The inner loop while changing code (under a minute): every test but the slow, browser,
+# The inner loop while changing code (under a minute): every test but the slow, course, browser,
 # netns, gpu, realhosts and hub tiers, and no notebooks. `make test` (what CI runs) still runs them all.
 test-fast: install
-	$(BIN)/python -m pytest tests -q -m "not slow and not browser and not netns and not gpu and not realhosts and not hub"
+	$(BIN)/python -m pytest tests -q -m "not slow and not course and not browser and not netns and not gpu and not realhosts and not hub"
 
 bench: install
 	$(BIN)/python benchmarks/bench_start.py

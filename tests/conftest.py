@@ -15,16 +15,37 @@ import ddplab
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """Tests on the network-namespace hosts are the ``netns`` tier (root and iproute2)."""
+    """Tests on the network-namespace hosts are the ``netns`` tier (root and iproute2); the
+    notebooks that nbval runs are the ``course`` tier, with the modules that grade them."""
     for item in items:
         if "hosts_lab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.netns)
+        if str(item.path).endswith(".ipynb"):
+            item.add_marker(pytest.mark.course)
 
 
 @pytest.fixture
 def chromium() -> str:
     """The path of Debian's Chromium; skip (by hand) or fail (make test, CI) without it."""
     return require_chromium()
+
+
+@pytest.fixture(scope="session")
+def shell():
+    """IPython's one test shell (a second ``start_ipython()`` returns None), ddplab's magics loaded."""
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "ddplab")
+    shell.run_cell("import ddplab")
+    return shell
+
+
+def cell_error(shell, source: str) -> BaseException | None:
+    """Run ``source`` as a cell of ``shell``; the exception it raised, or None."""
+    result = shell.run_cell(source)
+    return result.error_in_exec or result.error_before_exec
 
 
 @pytest.fixture(scope="session")
@@ -43,14 +64,21 @@ def fresh_lab(lab):
     return lab
 
 
+def side_lab(world_size: int = 2, *, timeout: float = 60, grace: float = 2.0,
+             pg_timeout: float = 1800, init_method: str | None = "store", start: bool = True):
+    """A local CPU (gloo) lab beside the session's labs: ``ddplab.start`` would replace the
+    2-rank one. Started unless ``start=False``; the caller stops it."""
+    from ddplab.lab import Lab, LabSpec
+
+    lab = Lab(LabSpec(world_size=world_size, backend="gloo", timeout=timeout, grace=grace,
+                      pg_timeout=pg_timeout, debug=False, init_method=init_method), gpus=0)
+    return lab.start() if start else lab
+
+
 @pytest.fixture(scope="session")
 def lab4():
     """A running 4-rank gloo lab, beside the 2-rank one (start() would replace that one)."""
-    from ddplab.lab import Lab, LabSpec
-
-    lab = Lab(LabSpec(world_size=4, backend="gloo", timeout=60, grace=2.0,
-                      pg_timeout=1800, debug=False), gpus=0)
-    lab.start()
+    lab = side_lab(4)
     yield lab
     lab.stop()
 

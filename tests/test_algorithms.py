@@ -5,11 +5,11 @@ from __future__ import annotations
 import types
 
 import pytest
+from conftest import side_lab
 
 import ddplab
 from ddplab import algorithms
 from ddplab.check import allreduce as check
-from ddplab.lab import Lab, LabSpec
 
 pytestmark = pytest.mark.slow
 
@@ -30,10 +30,7 @@ IMPLEMENTATIONS = [_as_an_answer(fn) for fn in (
 
 
 def _small_lab(world_size):
-    lab = Lab(LabSpec(world_size=world_size, backend="gloo", timeout=120, grace=2.0,
-                      pg_timeout=1800, debug=False), gpus=0)
-    lab.start()
-    return lab
+    return side_lab(world_size, timeout=120)
 
 
 @pytest.fixture(scope="module")

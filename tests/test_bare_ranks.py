@@ -13,12 +13,12 @@ import time
 
 import pytest
 import torch
-from conftest import alive, my_process_tree
+from conftest import alive, my_process_tree, side_lab
 from IPython import get_ipython
 from IPython.testing.globalipapp import start_ipython
 
 import ddplab
-from ddplab.lab import Lab, LabSpec
+from ddplab.lab import Lab
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +27,7 @@ TIMEOUT = 20
 
 def make_bare_lab(world_size: int = 2, timeout: float = TIMEOUT) -> Lab:
     """A bare lab beside the session's labs (ddplab.start would replace the 2-rank one)."""
-    lab = Lab(LabSpec(world_size=world_size, backend="gloo", timeout=timeout, grace=1.0,
-                      pg_timeout=1800, debug=False, init_method=None), gpus=0)
-    lab.start()
-    return lab
+    return side_lab(world_size, timeout=timeout, grace=1.0, init_method=None)
 
 
 @pytest.fixture

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from conftest import side_lab
 
 import ddplab
 from ddplab.check import setup
-from ddplab.lab import Lab, LabSpec
 
 pytestmark = pytest.mark.slow
 
@@ -64,9 +64,7 @@ def test_mean_score_missing_names_the_variable(fresh_lab):
 
 @pytest.fixture(scope="module")
 def bare():
-    lab = Lab(LabSpec(world_size=2, backend="gloo", timeout=20, grace=1.0, pg_timeout=1800,
-                      debug=False, init_method=None), gpus=0)
-    lab.start()
+    lab = side_lab(2, timeout=20, grace=1.0, init_method=None)
     yield lab
     lab.stop()
 

@@ -60,16 +60,6 @@ def test_ddp_made_on_rank_0_only_says_the_constructor_is_a_collective(fresh_lab)
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 
 
-@pytest.fixture(scope="module")
-def shell():
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    shell = start_ipython() or get_ipython()   # the one test shell, whoever started it
-    shell.run_line_magic("load_ext", "ddplab")
-    return shell
-
-
 def _magic_line(notebook: str, cell_id: str) -> str:
     """The first line of an exercise cell as the notebook has it: its ``%%ranks`` options."""
     cells = nbformat.read(NOTEBOOKS / notebook, as_version=4).cells

@@ -102,7 +102,7 @@ def submissions(reference):
 
 # One grading run of seven submissions on two cores shared with other labs;
 # test_the_command... below adds one more process start.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.course, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from hostile import attacks, given_attacks
 
 from ddplab.course import sandbox
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.course, pytest.mark.timeout(1500)]
 # A lab start on two cores shared with other labs has taken 30 s; the set-up
 # cell that never ends costs this much once.
 CELL_TIMEOUT = 60

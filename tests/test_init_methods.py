@@ -7,10 +7,10 @@ import time
 
 import pytest
 import torch
-from conftest import lab_dirs, my_process_tree
+from conftest import lab_dirs, my_process_tree, side_lab
 
 import ddplab
-from ddplab.lab import Lab, LabSpec
+from ddplab.lab import Lab
 
 pytestmark = pytest.mark.slow
 
@@ -30,10 +30,7 @@ def group_facts(values):
 
 def make_lab(init_method: str, world_size: int = 2) -> Lab:
     """A lab beside the session's labs (ddplab.start would replace the 2-rank one)."""
-    lab = Lab(LabSpec(world_size=world_size, backend="gloo", timeout=60, grace=2.0, pg_timeout=1800,
-                      debug=False, init_method=init_method), gpus=0)
-    lab.start()
-    return lab
+    return side_lab(world_size, init_method=init_method)
 
 
 def assert_group_works(lab: Lab) -> list[dict]:

@@ -1,8 +1,7 @@
 """Issue 19: what a careless student breaks, on real engines (items 3, 4, 5, 15)."""
 
 import pytest
-from IPython import get_ipython
-from IPython.testing.globalipapp import start_ipython
+from conftest import cell_error
 
 import ddplab
 from ddplab.lab import magics
@@ -10,23 +9,9 @@ from ddplab.lab import magics
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def shell():
-    # One IPython per test process: a second start_ipython() returns None.
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "ddplab")
-    shell.run_cell("import ddplab")
-    return shell
-
-
-def run(shell, source):
-    result = shell.run_cell(source)
-    return result.error_in_exec or result.error_before_exec
-
-
 def test_late_error_of_an_earlier_cell_never_fails_the_next_call(shell, fresh_lab, capsys):
     cell = "%%rank 1 --grace 0.3\nimport time\ntime.sleep(1.5)\nraise ValueError('late boom')"
-    assert run(shell, cell) is None
+    assert cell_error(shell, cell) is None
     capsys.readouterr()
     # The next call's own result survives, and the lab stays usable.
     assert fresh_lab.run(_rank_times_ten) == [0, 10]
@@ -39,7 +24,7 @@ def test_late_error_of_an_earlier_cell_never_fails_the_next_call(shell, fresh_la
 
 
 def test_late_error_never_fails_a_correct_check(shell, fresh_lab, capsys):
-    assert run(shell, "%%rank 0 --grace 0.3\nimport time\ntime.sleep(1.5)\n1 / 0") is None
+    assert cell_error(shell, "%%rank 0 --grace 0.3\nimport time\ntime.sleep(1.5)\n1 / 0") is None
     # A correct all_reduce on every rank, after the late cell, passes.
     got = fresh_lab.run(_all_reduce_sum)
     assert got == [3.0, 3.0]
@@ -61,7 +46,7 @@ def _all_reduce_sum():
 
 
 def test_slow_cell_is_not_called_waiting_for_another_rank(shell, fresh_lab, capsys):
-    assert run(shell, "%%rank 0 --grace 0.5\nimport time\ntime.sleep(3)") is None
+    assert cell_error(shell, "%%rank 0 --grace 0.5\nimport time\ntime.sleep(3)") is None
     out = capsys.readouterr().out
     assert out.startswith("ddplab: rank 0 is still running this cell, at cell line 2, "
                           "not inside a torch.distributed call"), out
@@ -70,33 +55,33 @@ def test_slow_cell_is_not_called_waiting_for_another_rank(shell, fresh_lab, caps
 
 
 def test_blocked_send_is_called_waiting_for_another_rank(shell, fresh_lab, capsys):
-    assert run(shell, "%%rank 0 --grace 0.5\ndist.send(torch.ones(2), dst=1)") is None
+    assert cell_error(shell, "%%rank 0 --grace 0.5\ndist.send(torch.ones(2), dst=1)") is None
     out = capsys.readouterr().out
     assert out.startswith("ddplab: rank 0 is still running this cell, in send (cell line 1): "
                           "waiting for another rank"), out
-    assert run(shell, "%%rank 1\nt = torch.zeros(2)\ndist.recv(t, src=0)") is None
+    assert cell_error(shell, "%%rank 1\nt = torch.zeros(2)\ndist.recv(t, src=0)") is None
 
 
 def test_a_rank_still_running_is_named_once(shell, fresh_lab, capsys):
-    assert run(shell, "%%rank 0 --grace 0.3\nimport time\ntime.sleep(2)") is None
-    assert run(shell, "%%rank 0 --grace 0.3\nprint('next')") is None
+    assert cell_error(shell, "%%rank 0 --grace 0.3\nimport time\ntime.sleep(2)") is None
+    assert cell_error(shell, "%%rank 0 --grace 0.3\nprint('next')") is None
     out = capsys.readouterr().out
     assert "rank 0, 0" not in out and out.count("rank 0 is still running") == 2, out
     fresh_lab.wait()
 
 
 def test_unclosed_quote_and_ranks_grace_are_clear_errors(shell, fresh_lab):
-    error = run(shell, "%%rank 0 'x\nprint(1)")
+    error = cell_error(shell, "%%rank 0 'x\nprint(1)")
     assert isinstance(error, ddplab.ConfigError) and "Close the quote" in str(error)
-    error = run(shell, "%%ranks --grace 3\nprint(1)")
+    error = cell_error(shell, "%%ranks --grace 3\nprint(1)")
     assert isinstance(error, ddplab.ConfigError) and "does not take --grace" in str(error)
     with pytest.raises(ddplab.ConfigError):
         magics._parse("--grace 2", "ranks")
 
 
 def test_kernel_function_using_rank_gets_a_hint(shell, fresh_lab):
-    assert run(shell, "def f():\n    return rank * 2\n") is None
-    error = run(shell, "ddplab.current().run(f)")
+    assert cell_error(shell, "def f():\n    return rank * 2\n") is None
+    error = cell_error(shell, "ddplab.current().run(f)")
     assert isinstance(error, ddplab.RankError)
     assert "NameError: name 'rank' is not defined" in error.failures[0]
     assert "Use dist.get_rank() inside the function" in error.failures[0]
@@ -108,7 +93,7 @@ def test_restart_after_stop_is_the_current_lab(shell, tmp_path):
         lab.stop()
         lab.restart()
         assert ddplab.current() is lab
-        assert run(shell, "%%ranks\nprint('here', rank)") is None
+        assert cell_error(shell, "%%ranks\nprint('here', rank)") is None
         assert ddplab.start(world_size=1, backend="gloo", timeout=30) is lab
     finally:
         lab.stop()

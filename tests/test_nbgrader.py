@@ -5,8 +5,12 @@ notebooks/ as one assignment. ``generate_assignment`` must accept them all;
 its student versions must show a student the same cells as ``ddplab
 release``'s. One ``autograde`` run then grades, in order:
 
-- "reference": the reference notebooks, which must get full marks;
-- "student": nbgrader's own student versions, untouched, which must get zero;
+- "reference": the reference notebooks, each with a ``lab.restart()`` before
+  every exercise section (tests/sections.py), which must get full marks and
+  raise in no cell: one execution proves both;
+- "student": nbgrader's own student versions of two notebooks (``STUDENT``),
+  untouched, which must get zero (every released copy's zero is proved by
+  ``ddplab grade`` below: nbgrader's copies show the same cells);
 - three submissions of notebook 01 from tests/test_grade.py (all right, two
   exercises broken, all stubs), which ``ddplab grade`` grades too, at the same
   time: both graders must pass and fail the same exercises.
@@ -32,6 +36,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from sections import failures, restart_points, with_restarts
 from test_grade import EXERCISES, _cell, _replace, _solutions_into_stubs
 
 from ddplab import procs
@@ -39,13 +44,16 @@ from ddplab.course.grade import grade
 from ddplab.course.release import release_notebook
 
 # nbgrader itself: minutes.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.course]
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 ASSIGNMENT = "course"
 CELL_TIMEOUT = 900
 NAME01 = "01_point_to_point.ipynb"
+#: nbgrader's own student versions graded by nbgrader: two notebooks, not the course (each
+#: notebook run costs a lab; ddplab grade runs every released copy, and the copies are the same).
+STUDENT = ["00_setup.ipynb", "06_build_all_reduce.ipynb"]
 
 
 def _nbgrader(course: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -119,8 +127,13 @@ def autograded(course, tmp_path_factory):
 
     course, _ = course
     submitted = course / "submitted"
-    for student, folder in (("reference", course / "source"), ("student", course / "release")):
-        shutil.copytree(folder / ASSIGNMENT, submitted / student / ASSIGNMENT)
+    (submitted / "reference" / ASSIGNMENT).mkdir(parents=True)
+    for path in NOTEBOOKS:
+        nbformat.write(with_restarts(nbformat.read(path, as_version=4), path.name),
+                       submitted / "reference" / ASSIGNMENT / path.name)
+    (submitted / "student" / ASSIGNMENT).mkdir(parents=True)
+    for name in STUDENT:
+        shutil.copyfile(course / "release" / ASSIGNMENT / name, submitted / "student" / ASSIGNMENT / name)
     agreement = _agreement_submissions()
     ours_root = tmp_path_factory.mktemp("ddplab-grade")
     ddplab_paths = []
@@ -166,7 +179,9 @@ def autograded(course, tmp_path_factory):
     ran = len(list((course / "autograded").glob(f"*/{ASSIGNMENT}/*.ipynb")))
     print(f"nbgrader autograde: {ran} notebooks in {nbgrader_seconds:.0f} s; "
           f"ddplab grade beside it: {len(ours)} in {ddplab_seconds:.0f} s")
-    return scores, ours, nbgrader_seconds, log
+    executed = {path.name: nbformat.read(course / "autograded" / "reference" / ASSIGNMENT / path.name,
+                                         as_version=4) for path in NOTEBOOKS}
+    return scores, ours, nbgrader_seconds, log, executed
 
 
 
@@ -174,22 +189,39 @@ def autograded(course, tmp_path_factory):
 @pytest.mark.timeout(3600)
 def test_autograde_gives_the_reference_full_marks_and_the_student_version_zero(autograded,
                                                                             record_property):
-    scores, _, seconds, log = autograded
+    scores, _, seconds, log, _ = autograded
     record_property("autograde_s", round(seconds, 1))
     for path in NOTEBOOKS:
         score, out_of, _ = scores["reference", path.stem]
         assert score == out_of, f"reference {path.name}: {score}/{out_of}: {scores['reference', path.stem]}"
-        score, out_of, cells = scores["student", path.stem]
-        assert score == 0, f"student version of {path.name} scored {score}/{out_of}: {cells}"
         checks = sum(c.get("id", "").startswith("check-")
                      for c in nbformat.read(path, as_version=4).cells)
         assert out_of == checks, f"{path.name}: nbgrader counts {out_of} points, {checks} checks"
+    for name in STUDENT:
+        score, out_of, cells = scores["student", Path(name).stem]
+        assert score == 0, f"student version of {name} scored {score}/{out_of}: {cells}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_exercise_section_runs_after_a_restart(autograded, path):
+    """The reference ran with a lab.restart() before each exercise section: no cell raised."""
+    executed = autograded[4][path.name]
+    points = restart_points(path.name, nbformat.read(path, as_version=4).cells)
+    restarts = [c for c in executed.cells if c.metadata.get("ddplab", {}).get("restart_before")]
+    assert len(restarts) == len(points), f"{path.name}: {len(restarts)} restarts ran, {len(points)} planned"
+    assert all(c.get("outputs") is not None and c.get("execution_count") for c in restarts), \
+        f"{path.name}: a restart cell was never executed"
+    broken = failures(executed)
+    more = f"\n... and {len(broken) - 3} more cells" if len(broken) > 3 else ""
+    assert not broken, f"{path.name}: after lab.restart():\n" + "\n".join(broken[:3]) + more
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_ddplab_grade_and_nbgrader_agree_on_the_same_submissions(autograded):
-    scores, ours, _, _ = autograded
+    scores, ours, _, _, _ = autograded
     expected_lost = {"agree-correct": set(), "agree-broken": {"swap", "ring-token"},
                      "agree-stubs": set(EXERCISES)}
     for student, lost in expected_lost.items():
@@ -204,7 +236,7 @@ def test_ddplab_grade_and_nbgrader_agree_on_the_same_submissions(autograded):
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_ddplab_grade_gives_the_reference_full_marks(autograded, path):
-    _, ours, _, _ = autograded
+    _, ours, _, _, _ = autograded
     result = ours["course-reference", path.stem]
     checks = sum(c.get("id", "").startswith("check-")
                  for c in nbformat.read(path, as_version=4).cells)
@@ -217,7 +249,7 @@ def test_ddplab_grade_gives_the_reference_full_marks(autograded, path):
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_ddplab_grade_gives_the_released_copy_zero(autograded, path):
-    _, ours, _, _ = autograded
+    _, ours, _, _, _ = autograded
     result = ours["course-released", path.stem]
     passed = [m.exercise for m in result.marks if m.passed]
     assert not result.error and result.marks and not passed, f"{path.name}: {result.error} {passed}"

@@ -16,6 +16,7 @@ import textwrap
 
 import pytest
 import torch
+from conftest import side_lab
 
 from ddplab.errors import ConfigError, RankError
 
@@ -527,11 +528,9 @@ def test_own_group_demo_checker(fresh_lab, capsys):
 @pytest.mark.slow
 def test_spawn_and_run_script_on_bare_ranks(tmp_path, capsys):
     """start(init_method=None): no lab group to set aside, the same code runs all the same."""
-    from ddplab.lab import Lab, LabSpec
     script = tmp_path / "multigpu_torchrun.py"
     script.write_text(SCRIPT)
-    bare = Lab(LabSpec(world_size=2, backend="gloo", timeout=60, grace=2.0, pg_timeout=1800,
-                       debug=False, init_method=None), gpus=0).start()
+    bare = side_lab(2, init_method=None)
     try:
         for _ in range(2):                    # the tutorial's fixed port, twice in one process
             states = bare.spawn(demo_basic, args=(2,))

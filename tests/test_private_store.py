@@ -20,8 +20,7 @@ import sys
 import tempfile
 
 import pytest
-
-from ddplab.lab import Lab, LabSpec
+from conftest import side_lab
 
 #: Run as another user; only the standard library, so any python3 will do.
 TRY_THE_STORE = """
@@ -154,9 +153,7 @@ def test_the_controllers_signing_key_is_in_the_private_directory(fresh_lab):
 
 @pytest.mark.slow
 def test_restart_gets_a_fresh_store_and_stop_leaves_nothing_behind():
-    lab = Lab(LabSpec(world_size=2, backend="gloo", timeout=60, grace=2.0, pg_timeout=1800,
-                      debug=False), gpus=0)
-    lab.start()
+    lab = side_lab(2)
     try:
         first, directory = lab.store_path, lab.directory
         assert os.path.basename(first) == "store-1"

@@ -28,8 +28,6 @@ import time
 
 import psutil
 import pytest
-from IPython import get_ipython
-from IPython.testing.globalipapp import start_ipython
 
 import ddplab
 from ddplab import procs
@@ -76,13 +74,6 @@ def _gone_within(what, seconds: float) -> list:
         time.sleep(0.2)
         left = what()
     return left
-
-
-@pytest.fixture(scope="module")
-def shell():
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "ddplab")
-    return shell
 
 
 @pytest.fixture(scope="class")

@@ -15,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from conftest import alive, listening_addresses
+from conftest import alive, listening_addresses, side_lab
 
 import ddplab
 from ddplab import procs
@@ -252,9 +252,7 @@ def test_two_labs_started_at_the_same_moment_never_clash(tmp_path):
 
 def test_the_controller_listens_on_unix_sockets_in_the_lab_directory_only():
     """No TCP port to collide on or to reach: the controller's channels are files in the 0700 directory."""
-    from ddplab.lab import Lab, LabSpec
-    lab = Lab(LabSpec(world_size=2, backend="gloo", timeout=60, grace=2.0, pg_timeout=1800,
-                      debug=False), gpus=0).start()
+    lab = side_lab(2)
     try:
         controller = psutil.Process(lab.controller_pid)
         tree = {controller.pid, *(p.pid for p in controller.children(recursive=True))}

@@ -4,6 +4,7 @@ import os
 import threading
 
 import pytest
+from conftest import side_lab
 
 
 def _fds() -> int:
@@ -12,10 +13,7 @@ def _fds() -> int:
 
 @pytest.mark.slow
 def test_fifty_restarts_and_stops_leak_no_fd_or_thread():
-    from ddplab.lab import Lab, LabSpec
-    lab = Lab(LabSpec(world_size=1, backend="gloo", timeout=60, grace=2.0, pg_timeout=60,
-                      debug=False), gpus=0)
-    lab.start()
+    lab = side_lab(1, pg_timeout=60)
     try:
         lab.restart()                       # the first restart may open what later ones reuse
         lab.stop()

@@ -10,8 +10,7 @@ import inspect
 import json
 
 import pytest
-from IPython import get_ipython
-from IPython.testing.globalipapp import start_ipython
+from conftest import side_lab
 
 import ddplab
 from ddplab.rank import trace as rank_trace
@@ -284,13 +283,6 @@ def test_clock_offsets_measured_by_round_trips_are_within_their_bound(fresh_lab)
     assert {c.how for c in tr.clock.values()} == {"same machine"}
 
 
-@pytest.fixture(scope="module")
-def shell():
-    shell = start_ipython() or get_ipython()    # IPython's one test shell, whoever started it
-    shell.run_line_magic("load_ext", "ddplab")
-    return shell
-
-
 def test_ranks_trace_magic_shows_the_picture_under_the_cell(shell, fresh_lab, capsys):
     from ddplab import trace as tracing
     result = shell.run_cell("%%ranks --trace\nt = torch.ones(2) * rank\ndist.all_reduce(t)\nprint(t)")
@@ -350,11 +342,7 @@ def test_summary_lines_break_between_ops_never_inside_one():
 
 
 def test_a_bare_lab_traces_the_students_own_init_process_group():
-    from ddplab.lab import Lab, LabSpec
-
-    lab = Lab(LabSpec(world_size=2, backend="gloo", timeout=30, grace=1.0, pg_timeout=1800,
-                      debug=False, init_method=None), gpus=0)
-    lab.start()
+    lab = side_lab(2, timeout=30, grace=1.0, init_method=None)
     try:
         with lab.trace() as tr:
             lab.run_cell("import torch.distributed as dist\n"
