@@ -13,14 +13,22 @@ from typing import Any, Callable
 
 from ..text import plural
 
-_MISSING = "<not defined on this rank>"
+#: What a rank answers for a name its namespace lacks: the exercise cell did not run there, or
+#: used another name. A string rather than an ``object()``: it comes back from the rank pickled,
+#: and a copy of an object() is not the object, while a string compares equal (``is_missing``).
+MISSING = "<not defined on this rank>"
+
+
+def is_missing(value: Any) -> bool:
+    """Whether a rank answered ``MISSING``."""
+    return isinstance(value, str) and value == MISSING
 
 
 def _lookup(name: str) -> Any:
-    """On a rank: the value of ``name`` in its namespace, or a marker if there is none."""
+    """On a rank: the value of ``name`` in its namespace, or ``MISSING`` if there is none."""
     from ddplab.rank.engine import namespace
 
-    return namespace().get(name, _MISSING)
+    return namespace().get(name, MISSING)
 
 
 def lab_or_current(lab: Any = None) -> Any:
@@ -38,7 +46,7 @@ def values_on_ranks(name: str, lab: Any = None) -> list[Any]:
     """
     lab = lab_or_current(lab)
     values = lab.run(_lookup, name)
-    missing = [rank for rank, value in enumerate(values) if isinstance(value, str) and value == _MISSING]
+    missing = [rank for rank, value in enumerate(values) if is_missing(value)]
     if missing:
         where = ", ".join(map(str, missing))
         raise AssertionError(f"no variable `{name}` on {plural(len(missing), 'rank')} {where}. "
@@ -146,6 +154,31 @@ def run_student_code(what: str, fn: Callable, *args: Any, lab: Any = None, timeo
         raise deadlock(what, exc, timeout, hint) from None
 
 
+def _with_student_function(name: str, fn: Callable, *args: Any) -> Any:
+    """On a rank: ``fn(the student's function `name`, *args)``, or ``MISSING`` where there is none."""
+    from ddplab.rank.engine import namespace
+
+    student = namespace().get(name)
+    return fn(student, *args) if callable(student) else MISSING
+
+
+def run_student_function(name: str, fn: Callable, *args: Any, lab: Any, timeout: float,
+                         hint: str) -> list[Any]:
+    """``fn(the student's function `name`, *args)`` on every rank, results by rank.
+
+    ``fn`` is the checker's own code, run on the rank, which calls the student's
+    function as the exercise asks. Whatever goes wrong fails the check with an
+    ``AssertionError`` that names the fix: no function ``name`` on some ranks
+    (``require_function``), the student's code raised, or it hung
+    (``run_student_code``, with ``hint``).
+    """
+    __tracebackhide__ = True
+    got = run_student_code(f"{name}(...)", _with_student_function, name, fn, *args, lab=lab,
+                           timeout=timeout, hint=hint)
+    require_function(got, name)
+    return got
+
+
 def deadlock(what: str, exc: Any, timeout: float, hint: str) -> AssertionError:
     """The AssertionError for a student's code that hung: where each rank is stuck, and the way out.
 
@@ -203,10 +236,10 @@ def swap_peer_calls(wrap: Callable) -> Callable[[], None]:
     return undo
 
 
-def require_function(got: list[Any], name: str, marker: str, kind: str = "function",
+def require_function(got: list[Any], name: str, kind: str = "function",
                      verb: str = "defines") -> None:
-    """Raise naming the ranks where the student's ``name`` was not defined (``marker``)."""
-    missing = [rank for rank, value in enumerate(got) if isinstance(value, str) and value == marker]
+    """Raise naming the ranks where the student's ``name`` was not defined (they answered ``MISSING``)."""
+    missing = [rank for rank, value in enumerate(got) if is_missing(value)]
     if missing:
         raise AssertionError(
             f"no {kind} `{name}` on {plural(len(missing), 'rank')} "

@@ -19,11 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..text import plural
-from ._core import compare, lab_or_current, passed, require_function, run_student_code, warm_up_ddp
+from ._core import MISSING, compare, lab_or_current, passed, require_function, run_student_code, warm_up_ddp
 
 __all__ = ["average_gradients", "average_gradients_flat"]
 
-_MISSING = "<no such function on this rank>"
 _TIMEOUT = 15.0            # the 5 steps take about a second: longer is a deadlock
 _STEPS, _BATCH = 5, 8
 
@@ -40,7 +39,7 @@ def _train_both(name: str, steps: int, batch: int) -> Any:
 
     student = namespace().get(name)
     if not callable(student):
-        return _MISSING
+        return MISSING
     rank, n = dist.get_rank(), dist.get_world_size()
     device = train.device_for_this_rank()
     train_set, _ = data.digits(dtype=torch.float64)
@@ -90,7 +89,7 @@ def _run(name: str, lab: Any, timeout: float) -> list[dict]:
     got = run_student_code(f"{name}(model)", _train_both, name, _STEPS, _BATCH, lab=lab,
                            timeout=timeout, hint="every rank must all_reduce the same "
                                                  "parameters, in the same order.")
-    require_function(got, name, _MISSING)
+    require_function(got, name)
     return got
 
 

@@ -25,27 +25,17 @@ import shutil
 import tempfile
 from typing import Any, Callable
 
-from ._core import compare, lab_or_current, passed, require_function, run_student_code
+from ._core import compare, lab_or_current, passed, run_student_function
 
 __all__ = ["async_checkpoint", "load_resharded", "resumable_train", "save_sharded"]
 
-_MISSING = "<no such function on this rank>"
 _TIMEOUT = 120.0
 
 
 def _student(name: str, lab: Any, fn: Callable, *args: Any) -> list[Any]:
-    got = run_student_code(f"{name}(...)", _with_function, name, fn, *args, lab=lab,
-                           timeout=_TIMEOUT, hint="every rank must call dcp.save / dcp.load (they are "
-                                                  "collectives), in the same order.")
-    require_function(got, name, _MISSING)
-    return got
-
-
-def _with_function(name: str, fn: Callable, *args: Any) -> Any:
-    from ddplab.rank.engine import namespace
-
-    student = namespace().get(name)
-    return fn(student, *args) if callable(student) else _MISSING
+    return run_student_function(name, fn, *args, lab=lab, timeout=_TIMEOUT,
+                                hint="every rank must call dcp.save / dcp.load (they are "
+                                     "collectives), in the same order.")
 
 
 class _Folder:

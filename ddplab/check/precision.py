@@ -24,28 +24,18 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._core import compare, lab_or_current, passed, require_function, run_student_code
+from ._core import compare, lab_or_current, passed, run_student_code, run_student_function
 
 __all__ = ["accumulate", "bf16_hook", "checkpoint_blocks", "mixed_step"]
 
-_MISSING = "<no such function on this rank>"
 _TIMEOUT = 60.0
 
 
 def _student(name: str, lab: Any, fn: Callable, *args: Any) -> list[Any]:
     """Run ``fn(student_function, *args)`` on every rank; every failure becomes an AssertionError."""
-    got = run_student_code(f"{name}(...)", _with_function, name, fn, *args, lab=lab,
-                           timeout=_TIMEOUT, hint="every rank must make the same collective "
-                                                  "calls, in the same order.")
-    require_function(got, name, _MISSING)
-    return got
-
-
-def _with_function(name: str, fn: Callable, *args: Any) -> Any:
-    from ddplab.rank.engine import namespace
-
-    student = namespace().get(name)
-    return fn(student, *args) if callable(student) else _MISSING
+    return run_student_function(name, fn, *args, lab=lab, timeout=_TIMEOUT,
+                                hint="every rank must make the same collective "
+                                     "calls, in the same order.")
 
 
 def _weights(model: Any) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._core import compare, passed, run_on_ranks, values_on_ranks
+from ._core import MISSING, compare, passed, require_function, run_on_ranks, values_on_ranks
 
 __all__ = ["epoch_orders", "line_shards", "offset_sharder", "rank_share"]
 
@@ -151,7 +151,7 @@ def _line_shard_answers(name: str) -> Any:
 
     cls = namespace().get(name)
     if not callable(cls):
-        return "<no such class on this rank>"
+        return MISSING
     rank, world_size = dist.get_rank(), dist.get_world_size()
     expected, got = [], []
     with tempfile.TemporaryDirectory(prefix="ddplab-lines-") as folder:
@@ -181,8 +181,7 @@ def line_shards(lab: Any = None) -> None:
     lines of its k workers, each once.
     """
     got = run_on_ranks(_line_shard_answers, "LineShards", lab=lab)
-    from ._core import require_function
-    require_function(got, "LineShards", "<no such class on this rank>", kind="class")
+    require_function(got, "LineShards", kind="class")
     compare(f"the lines DataLoader(LineShards(path), num_workers=k) yields on each rank, "
             f"sorted, for k in {list(WORKERS)}",
             [g["expected"] for g in got], [g["got"] for g in got],

@@ -25,8 +25,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ._core import (
+    MISSING,
     answers_of,
     compare,
+    is_missing,
     lab_or_current,
     passed,
     require_function,
@@ -37,7 +39,6 @@ from ._core import (
 __all__ = ["column_parallel", "row_parallel", "shard_model", "zero_bytes"]
 
 _TIMEOUT = 60.0
-_MISSING = "<no such variable on this rank>"
 
 
 def _on_ranks(what: str, lab: Any, fn: Callable, *args: Any) -> list[Any]:
@@ -109,9 +110,9 @@ def _describe_sharded(seed: int, rows: int) -> Any:
     from ddplab.rank.engine import namespace
     from ddplab.sharding import mlp
 
-    model = namespace().get("model", _MISSING)
-    if isinstance(model, str) and model == _MISSING:
-        return _MISSING
+    model = namespace().get("model", MISSING)
+    if is_missing(model):
+        return MISSING
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor, Shard
 
@@ -154,7 +155,7 @@ def shard_model(lab: Any = None, seed: int = 0) -> None:
     lab = lab_or_current(lab)
     n = lab.world_size
     got = _on_ranks("the sharded `model`", lab, _describe_sharded, seed, 4)
-    require_function(got, "model", _MISSING, kind="variable", verb="makes")
+    require_function(got, "model", kind="variable", verb="makes")
     compare("every parameter of model is a DTensor", [True] * n, [g["all_dtensors"] for g in got],
             hint="fully_shard(module, mesh=mesh) turns the parameters of the module it is called "
                  "on into DTensors. Call it on every Linear, then on model itself.")

@@ -30,19 +30,20 @@ from typing import Any
 from ..lab.diagnose import DDP_IS_A_COLLECTIVE
 from ..text import plural
 from ._core import (
+    MISSING,
     compare,
     deadlock,
+    is_missing,
     lab_or_current,
     passed,
     require_function,
     run_on_ranks,
-    run_student_code,
+    run_student_function,
     warm_up_ddp,
 )
 
 __all__ = ["epoch_loader", "global_accuracy", "save_checkpoint", "train_uneven", "wrap_model"]
 
-_MISSING = "<no such function on this rank>"
 _TIMEOUT = 15.0            # each of these exercises takes about a second: longer is a deadlock
 #: The dataset the sampler checker hands to ``epoch_loader``: sample i is the number i.
 #: 24 splits evenly over 1, 2, 3, 4, 6, 8 and 12 ranks, so no rank gets padding.
@@ -52,19 +53,9 @@ _SAMPLES = 24
 def _student(name: str, lab: Any, fn, *args: Any) -> list[Any]:
     """Run ``fn(student_function, *args)`` on every rank; turn every failure into an AssertionError."""
     warm_up_ddp(lab)
-    got = run_student_code(f"{name}(...)", _with_function, name, fn, *args, lab=lab,
-                           timeout=_TIMEOUT, hint="every rank must make the same collective "
-                                                  "calls, a barrier included.")
-    require_function(got, name, _MISSING)
-    return got
-
-
-def _with_function(name: str, fn, *args: Any) -> Any:
-    """On a rank: look up the student's function and hand it to ``fn``."""
-    from ddplab.rank.engine import namespace
-
-    student = namespace().get(name)
-    return fn(student, *args) if callable(student) else _MISSING
+    return run_student_function(name, fn, *args, lab=lab, timeout=_TIMEOUT,
+                                hint="every rank must make the same collective calls, a barrier "
+                                     "included.")
 
 
 # ----------------------------------------------------------------- wrap_model
@@ -83,7 +74,7 @@ def _describe_wrapping() -> dict:
 
     ns = namespace()
     if "ddp_model" not in ns:
-        return _MISSING
+        return MISSING
     wrapped, model = ns.get("ddp_model"), ns.get("model")
     device = device_for_this_rank()
     ddp = isinstance(wrapped, DistributedDataParallel)
@@ -109,14 +100,14 @@ def wrap_model(lab: Any = None) -> None:
     except HangError as exc:
         raise deadlock("reading ddp_model", exc, _WRAP_TIMEOUT,
                        "a rank is still inside DDP(model). " + _DDP_IS_A_COLLECTIVE) from None
-    missing = [rank for rank, g in enumerate(got) if isinstance(g, str) and g == _MISSING]
+    missing = [rank for rank, g in enumerate(got) if is_missing(g)]
     if missing and len(missing) < n:
         has = [rank for rank in range(n) if rank not in missing]
         raise AssertionError(
             f"ddp_model exists on {plural(len(has), 'rank')} {', '.join(map(str, has))} but not on "
             f"{plural(len(missing), 'rank')} {', '.join(map(str, missing))}: DDP was constructed "
             f"on some ranks only. {_DDP_IS_A_COLLECTIVE} If a rank is stuck, lab.restart() first.")
-    require_function(got, "ddp_model", _MISSING, kind="variable", verb="makes")
+    require_function(got, "ddp_model", kind="variable", verb="makes")
     compare("type(ddp_model).__name__", ["DistributedDataParallel"] * n, [g["type"] for g in got],
             hint="ddp_model = DDP(model, device_ids=...), with "
                  "from torch.nn.parallel import DistributedDataParallel as DDP.")
@@ -333,13 +324,11 @@ def train_uneven(lab: Any = None) -> None:
     """
     lab = lab_or_current(lab)
     warm_up_ddp(lab)
-    got = run_student_code(
-        "train_uneven(...)", _with_function, "train_uneven", _uneven_answers, lab=lab,
-        timeout=_UNEVEN_TIMEOUT,
+    got = run_student_function(
+        "train_uneven", _uneven_answers, lab=lab, timeout=_UNEVEN_TIMEOUT,
         hint="a rank that ran out of batches stopped calling backward(), and the others wait in "
              "DDP's all_reduce for it. Wrap the loop in `with Join([ddp_model]):` "
              "(from torch.distributed.algorithms import Join).")
-    require_function(got, "train_uneven", _MISSING)
     n = lab.world_size
     compare("steps taken, one per batch of the rank", [g["batches"] for g in got],
             [g["student"]["steps"] for g in got],
