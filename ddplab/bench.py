@@ -98,20 +98,37 @@ def spell_size(nbytes: int) -> str:
 
 
 # ------------------------------------------------------------ on the ranks
+def _device() -> Any:
+    """On a rank: where its tensors live: its own GPU under nccl (which moves CUDA tensors only)."""
+    import torch.distributed as dist
+
+    from .train import device_for_this_rank
+
+    return device_for_this_rank() if dist.get_backend() == "nccl" else "cpu"
+
+
+def _finish(device: Any) -> None:
+    """Wait for the device's queued work: nccl's calls return before the GPU has done them."""
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
 def _operation(collective: str, fn: Callable | None, nbytes: int) -> Callable[[], Any]:
     """On a rank: a no-argument call of the collective on ``nbytes`` bytes."""
     import torch
     import torch.distributed as dist
 
-    world_size = dist.get_world_size()
+    world_size, device = dist.get_world_size(), _device()
     count = max(1, nbytes // _ELEMENT)
     if collective == "all_gather":
         # nccl-tests' size is the gathered output: each rank adds 1/n of it.
-        piece = torch.zeros(max(1, count // world_size))
-        out = torch.empty(piece.numel() * world_size)
+        piece = torch.zeros(max(1, count // world_size), device=device)
+        out = torch.empty(piece.numel() * world_size, device=device)
         gather = fn or getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         return lambda: gather(out, piece)
-    tensor = torch.zeros(count)      # zeros: summing them again and again never overflows
+    tensor = torch.zeros(count, device=device)   # zeros: summing them again and again never overflows
     if collective == "broadcast":
         cast = fn or dist.broadcast
         return lambda: cast(tensor, src=0)
@@ -126,16 +143,19 @@ def _time_on_rank(collective: str, fn: Callable | None, nbytes: int, repeats: in
     import torch
     import torch.distributed as dist
 
-    op = _operation(collective, fn, nbytes)
+    op, device = _operation(collective, fn, nbytes), _device()
     loops = max(1, min(50, _LOOP_BYTES // max(1, nbytes)))
     op()                                              # warm up: first-touch memory, lazy set-up
     best = float("inf")
     for _ in range(repeats):
+        _finish(device)
         dist.barrier()                                # everyone starts together
         start = time.perf_counter()
         for _ in range(loops):
             op()
-        elapsed = torch.tensor([(time.perf_counter() - start) / loops], dtype=torch.float64)
+        _finish(device)
+        elapsed = torch.tensor([(time.perf_counter() - start) / loops], dtype=torch.float64,
+                               device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)    # a collective is as slow as its slowest rank
         best = min(best, elapsed.item())
     return best
@@ -146,8 +166,8 @@ def _pingpong_on_rank(nbytes: int, repeats: int) -> float:
     import torch
     import torch.distributed as dist
 
-    rank = dist.get_rank()
-    tensor = torch.zeros(max(1, nbytes // _ELEMENT))
+    rank, device = dist.get_rank(), _device()
+    tensor = torch.zeros(max(1, nbytes // _ELEMENT), device=device)
     loops = max(1, min(50, _LOOP_BYTES // max(1, nbytes)))
     best = float("inf")
     for _ in range(repeats + 1):                      # the first round is a warm-up
@@ -159,6 +179,7 @@ def _pingpong_on_rank(nbytes: int, repeats: int) -> float:
             else:
                 dist.recv(tensor, src=0)
                 dist.send(tensor, dst=0)
+        _finish(device)
         best = min(best, (time.perf_counter() - start) / loops / 2)
     return best
 
@@ -167,11 +188,14 @@ def _add_on_rank(nbytes: int, repeats: int) -> float:
     """On a rank: the best time of ``a += b`` on ``nbytes``, the ring's reduction step."""
     import torch
 
-    a, b = torch.zeros(nbytes // _ELEMENT), torch.zeros(nbytes // _ELEMENT)
+    device = _device()
+    a, b = torch.zeros(nbytes // _ELEMENT, device=device), torch.zeros(nbytes // _ELEMENT, device=device)
     best = float("inf")
     for _ in range(repeats + 1):
+        _finish(device)
         start = time.perf_counter()
         a += b
+        _finish(device)
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -348,13 +372,15 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["all_reduce", "broadcast", "all_gather"])
     parser.add_argument("--repeats", type=int, default=5, help="repetitions; the best counts")
     parser.add_argument("--plot", metavar="PNG", help="also save the plots to this file")
+    parser.add_argument("--backend", default="gloo", choices=["auto", "gloo", "nccl"],
+                        help="the ranks' backend (nccl: one GPU per rank, CUDA tensors)")
     args = parser.parse_args(argv)
 
     from .lab.session import start
 
     results, link = [], None
     for world_size in args.world_sizes:
-        lab = start(world_size=world_size, backend="gloo", timeout=600)
+        lab = start(world_size=world_size, backend=args.backend, timeout=600)
         try:
             results += sweep(lab, args.collectives, args.sizes, args.repeats,
                              progress=lambda text: print(text, flush=True))

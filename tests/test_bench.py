@@ -116,3 +116,11 @@ def test_command_line_prints_a_table():
         assert f" {name} " in out
     assert "ring vs dist.all_reduce at 64 KB on 2 ranks: busbw" in out
     assert "ring fit, per step" in out and "send/recv, rank 0 -> 1" in out
+
+
+def test_command_line_takes_the_backend_and_nccl_without_gpus_names_the_fix():
+    """tools/gpu_check.sh times nccl with --backend nccl; here, with no GPU, ddplab.start refuses."""
+    done = subprocess.run([sys.executable, "-m", "ddplab.bench", "--backend", "nccl", "--world-sizes",
+                           "2", "--sizes", "4K"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "nccl" in done.stderr and "backend='gloo'" in done.stderr, done.stderr[-2000:]

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# One run that shows everything ddplab's GPU path should show (issue 45), sized for a lent
+# GPU machine: about 15 minutes of device time in all, a cold start of minutes, one command
+# of at most 10. The steps' limits add up to under 8 minutes.
+#
+#     bash tools/gpu_check.sh [REPORT]
+#
+# REPORT (default: $OUT/gpu-report.txt where $OUT is set, else build/gpu-report.txt) gets one
+# block per step: ok or FAILED, its seconds, and the tail of what it printed; the figures
+# (bandwidths, samples/s, peak CUDA memory) are in those tails. The script never stops at a
+# failed step: one run shows every failure. It exits 1 if a step failed, else 0.
+#
+# Python: $PYTHON, else .venv/bin/python (what `make install` made), else python3. A GPU
+# machine that reaches no package registry has torch with CUDA but not ddplab's other needs:
+# carry them as wheels in a folder and name it in $WHEELS; they are installed, without the
+# network, into a folder of their own on PYTHONPATH. Where the wheels cannot be fetched,
+# `make install` does it.
+#
+# Without a GPU it checks its own syntax and runs the CPU half (ddplab doctor: a real 2-rank
+# gloo lab), says that no GPU was found, and exits 0; tests/test_gpu_check.py runs it so.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash -n "$0" || { echo "gpu_check: $0 does not parse"; exit 2; }
+
+report=${1:-${OUT:+$OUT/gpu-report.txt}}
+report=${report:-build/gpu-report.txt}
+mkdir -p "$(dirname "$report")"
+: > "$report"
+if [ -n "${PYTHON:-}" ]; then py=$PYTHON
+elif [ -x .venv/bin/python ]; then py=.venv/bin/python
+else py=python3; fi
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+failed=0
+work=$(mktemp -d -t ddplab-gpucheck-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# step NAME SECONDS COMMAND...: run it under a limit, log it, append its verdict to the report.
+step() {
+    local name=$1 limit=$2 begin rc
+    shift 2
+    begin=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" > "$work/$name.log" 2>&1
+    rc=$?
+    local took=$(( $(date +%s) - begin ))
+    if [ "$rc" -eq 0 ]; then verdict=ok
+    elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then verdict="FAILED: over its ${limit} s limit"; failed=1
+    else verdict="FAILED (exit $rc)"; failed=1; fi
+    { echo "== $name: $verdict, ${took} s"; tail -n 40 "$work/$name.log"; echo; } >> "$report"
+    echo "gpu_check: $name: $verdict, ${took} s"
+}
+
+if [ -n "${WHEELS:-}" ]; then
+    step wheels 120 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target "$work/site" "$WHEELS"/*.whl
+    export PYTHONPATH="$PYTHONPATH:$work/site"
+fi
+
+gpus=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null) || gpus=""
+{ echo "ddplab GPU check, $(date -u +%Y-%m-%dT%H:%MZ), $(uname -n)"
+  "$py" -c "import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__,
+'| CUDA', torch.version.cuda, '| GPUs', torch.cuda.device_count(),
+[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])" 2>&1
+  echo; } >> "$report"
+
+step doctor 90 "$py" -m ddplab doctor
+
+if [ -z "$gpus" ] || [ "$gpus" -eq 0 ]; then
+    echo "== no GPU: torch sees none here, so only the CPU half ran" >> "$report"
+    echo "gpu_check: no GPU on this machine: the CPU half ran; report in $report"
+    exit "$failed"
+fi
+
+# The GPU-marked tests: placement by GPU count, torchrun on CUDA.
+step gpu_tests 120 "$py" -m pytest tests -m gpu -q -p no:cacheprovider -x
+
+# Notebook 05 as a student runs it: ddplab.start's backend="auto" picks nccl with a GPU per
+# rank, else gloo on a shared GPU. Outputs differ from the stored CPU ones, so nothing is
+# compared: every cell must run.
+step notebook_05 150 "$py" - <<'PY'
+import time, nbformat
+from nbclient import NotebookClient
+nb = nbformat.read("notebooks/05_ddp_training.ipynb", as_version=4)
+begin = time.monotonic()
+NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": "notebooks"}}).execute()
+for cell in nb.cells:
+    if cell.get("id") in ("cell-03", "cell-05"):
+        print(cell.id, "".join(o.get("text", "") for o in cell.outputs)[:800])
+print(f"notebook 05 ran in {time.monotonic() - begin:.0f} s")
+PY
+
+# A 1-rank nccl lab (one GPU is enough for nccl with one rank), then 2 ranks on nccl where
+# there are 2 GPUs: all_reduce on CUDA tensors, and its bus bandwidth.
+ranks=$(( gpus >= 2 ? 2 : 1 ))
+step nccl_lab 60 "$py" - "$ranks" <<'PY'
+import sys, ddplab
+def total():
+    import torch, torch.distributed as dist
+    t = torch.full((4,), float(dist.get_rank() + 1), device="cuda")
+    dist.all_reduce(t)
+    return dist.get_backend(), str(t.device), t.tolist()
+with ddplab.start(world_size=int(sys.argv[1]), backend="nccl", timeout=60) as lab:
+    print(lab.backend_reason)
+    for rank, got in enumerate(lab.run(total)):
+        print(f"rank {rank}: {got}")
+PY
+step bench_nccl 60 "$py" -m ddplab.bench --backend nccl --world-sizes "$ranks" \
+    --sizes 1M 64M --collectives all_reduce --repeats 3
+
+# Training throughput through the lab against torchrun, on the GPUs.
+step bench_train 90 "$py" benchmarks/bench_train.py --repeat 1 --epochs 2 --ranks 1 "$ranks"
+
+# The memory helpers beside CUDA's own counters, for one small model.
+step memory 30 "$py" - <<'PY'
+import torch
+from ddplab import memory
+model = memory.deep_mlp().cuda()
+optimizer = torch.optim.Adam(model.parameters())
+x = torch.randn(64, 64, device="cuda")
+model(x).sum().backward()
+optimizer.step()                      # gradients and Adam's state exist now, as breakdown needs
+torch.cuda.reset_peak_memory_stats()
+before = torch.cuda.memory_allocated()
+print("ddplab.memory.breakdown:", memory.breakdown(model, optimizer, x))
+print("torch.cuda.memory_allocated before the forward:", before)
+print("torch.cuda.max_memory_allocated during it:", torch.cuda.max_memory_allocated())
+PY
+
+echo "gpu_check: report in $report"
+exit "$failed"
