@@ -9,7 +9,7 @@ mpi4py), nothing tells the kernel, which waited out its timeout. Here:
   ``--allow-run-as-root`` when run as root, each named in the error;
 - ``failure(launcher)`` says, while the kernel waits for engines, whether the
   job or mpiexec already ended (``squeue``, the process), with its output;
-- ``watch_parent``: mpiexec runs under ``python -m ddplab.lab.batchlaunch
+- ``watch_parent``: mpiexec runs under ``python -m ddplab.lab.hosts.batch
   KERNEL_PID mpiexec ...``, which ends it (and so its ranks) within a second
   once the kernel is gone, even killed;
 - ``SlurmEngineSetLauncher`` writes the batch file into the lab's own directory (not
@@ -32,7 +32,7 @@ import psutil
 from ipyparallel.cluster import launcher as ipp_launcher
 from ipyparallel.cluster.launcher import MPIEngineSetLauncher
 
-from ..errors import ConfigError, DdplabError
+from ...errors import ConfigError, DdplabError
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def stop_job(launcher, timeout: float = 20.0) -> None:
 
 def stop_mpiexec(launcher) -> None:
     """End mpiexec (it ends its ranks) and reap it."""
-    from .. import procs
+    from ... import procs
     if launcher.pid > 0:
         procs.end_tree(launcher.pid, grace=5)
     popen = getattr(launcher, "_popen_process", None)
@@ -183,12 +183,12 @@ def check_mpi(remote_python: str, config: dict | None) -> None:
 
 def watched(mpi_cmd: list[str]) -> list[str]:
     """``mpi_cmd`` run under this kernel's watch (see ``watch_parent``)."""
-    return [sys.executable, "-m", "ddplab.lab.batchlaunch", str(os.getpid()), *mpi_cmd]
+    return [sys.executable, "-m", "ddplab.lab.hosts.batch", str(os.getpid()), *mpi_cmd]
 
 
 def watch_parent(parent: int, command: list[str]) -> int:
     """Run ``command``; end its tree when ``parent`` is gone (or on SIGTERM/SIGINT); its exit code."""
-    from .. import procs
+    from ... import procs
     child = procs.start(command, session=False)
     ending = []
     for sig in (signal.SIGTERM, signal.SIGINT):
