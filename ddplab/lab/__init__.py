@@ -66,6 +66,8 @@ Where things are
 - ``owncode``: ``lab.spawn`` and ``lab.run_script``, for code that makes its own group.
 - ``calls``: calls sent to the ranks and how they ended (results, errors, hangs,
   cells left running, late output, interrupts); ``fanout``: one call to many engines.
+- ``bars``: the progress bars (``ProgressBars``) a wait shows; ``channel``: what the ranks
+  publish while a call runs (progress, live screens, debugger requests), read one way.
 - ``current_lab``: the lab ``current()``, ``%%ranks`` and the checkers use.
 - ``magics``: the ``%%ranks`` / ``%%rank N`` cell magics.
 - ``template``: engines forked from a warm process that imported torch once.
