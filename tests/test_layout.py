@@ -161,3 +161,25 @@ def test_no_module_is_over_the_size_cap(check_layout, tmp_path):
     })
     assert check_layout.problems(root) == [
         f"ddplab/lab/long.py: {cap + 1} lines, over the cap of {cap}: split it by what it does"]
+
+
+def test_only_procs_runs_commands_with_subprocess(check_layout, tmp_path):
+    root = _tree(tmp_path, {
+        "ddplab/__init__.py": "",
+        "ddplab/procs/__init__.py": "from .tree import run_command\n",
+        "ddplab/procs/tree.py": "import subprocess\ndef run_command(c, timeout):\n"
+                                "    return subprocess.run(c, timeout=timeout)\n",
+        "ddplab/a.py": "import subprocess\nout = subprocess.run(['true'], timeout=5)\n",
+        "ddplab/b.py": "import subprocess as sp\nsp.check_output(['true'])\n",
+        "ddplab/c.py": "from subprocess import call\n",
+        "ddplab/fine.py": '"""subprocess.run(...) named in words is fine."""\nimport subprocess\n'
+                          "from . import procs\n"
+                          "try:\n    procs.run_command(['true'], timeout=5, stdin=subprocess.DEVNULL)\n"
+                          "except subprocess.TimeoutExpired:\n    pass\n",
+    })
+    found = "\n".join(check_layout.problems(root))
+    assert "ddplab/a.py:2: subprocess.run outside ddplab.procs: run a short command to its end with " \
+           "ddplab.procs.run_command" in found
+    assert "ddplab/b.py:2: sp.check_output outside ddplab.procs" in found
+    assert "ddplab/c.py:1: from subprocess import call outside ddplab.procs" in found
+    assert "fine.py" not in found and "procs/tree.py" not in found, found

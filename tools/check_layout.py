@@ -29,6 +29,11 @@
    module is listed there, or lives in the package that uses it.
 8. No ddplab module is longer than ``MAX_LINES`` (450) lines: split it by what
    it does.
+9. ...and only ``ddplab.procs`` runs a command to its end with ``subprocess``
+   (``run``, ``call``, ``check_call``, ``check_output``, ``getoutput``,
+   ``getstatusoutput``): everything else in ddplab calls ``procs.run_command``.
+   Found in the code: ``subprocess.run(...)`` (under any name the module was
+   imported as) or ``from subprocess import run``.
 
 Imports under ``if TYPE_CHECKING:`` never run, so rules 1, 4 and 5 skip them.
 """
@@ -51,6 +56,7 @@ COMPOSED = "Lab"     # the class that is composed, never subclassed (rule 6)
 INFRASTRUCTURE = ("__init__", "__main__", "env", "errors", "limits", "text")   # rule 7
 TEACHING = "Teaching modules"    # the paragraph of ddplab/__init__'s docstring that lists them
 MAX_LINES = 450                  # rule 8
+RUNNERS = {"run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"}  # rule 9
 
 
 def within(name: str, package: str) -> bool:
@@ -182,6 +188,23 @@ def popen_uses(path: Path) -> list[tuple[int, str]]:
     return sorted(set(found))
 
 
+def subprocess_runs(path: Path) -> list[tuple[int, str]]:
+    """Code that runs a command through ``subprocess`` rather than ``procs``: ``subprocess.run(...)``
+    (``import subprocess as sp``: ``sp.run``), ``from subprocess import run``."""
+    tree = ast.parse(path.read_text(), str(path))
+    names = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names if alias.name == "subprocess"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in RUNNERS and \
+                isinstance(node.value, ast.Name) and node.value.id in names:
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom) and node.module == "subprocess":
+            found += [(node.lineno, f"from subprocess import {a.name}") for a in node.names
+                      if a.name in RUNNERS]
+    return sorted(set(found))
+
+
 def subclasses_of_composed(path: Path) -> list[tuple[int, str]]:
     """Classes whose bases name ``Lab`` (``Lab``, ``lab.Lab``, ``ddplab.Lab``)."""
     found = []
@@ -282,6 +305,8 @@ def problems(root: Path = ROOT) -> list[str]:
             continue
         out += [f"{rel}:{line}: {what} outside {PROCESS_MODULE}: run commands with "
                 f"ddplab.procs.Group (or procs.start)" for line, what in popen_uses(module.path)]
+        out += [f"{rel}:{line}: {what} outside {PROCESS_MODULE}: run a short command to its "
+                f"end with ddplab.procs.run_command" for line, what in subprocess_runs(module.path)]
         if within(module.name, RANK_PACKAGE):
             out += [f"{rel}:{line}: imports {target}: code under {RANK_PACKAGE} runs in an "
                     f"engine and never imports the kernel-side {KERNEL_PACKAGE}"

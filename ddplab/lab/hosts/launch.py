@@ -91,8 +91,8 @@ def address(host: str, ssh_cmd: list[str] | None = None) -> str:
     name = host.split("@", 1)[-1].split(":", 1)[0]
     if ssh_cmd:
         try:
-            out = subprocess.run([*ssh_cmd, "-G", host.split(":", 1)[0]], capture_output=True,
-                                 text=True, timeout=10).stdout
+            out = procs.run_command([*ssh_cmd, "-G", host.split(":", 1)[0]], capture_output=True,
+                                    text=True, timeout=10).stdout
             name = next((line.split(None, 1)[1] for line in out.splitlines()
                          if line.lower().startswith("hostname ")), name)
         except (OSError, subprocess.TimeoutExpired, IndexError):
