@@ -7,13 +7,13 @@ wide; a bin is coloured by the kind of call that filled most of its time, its
 darkness is the share of the bin's time spent inside calls, the hatched lower
 half the share spent waiting for another rank, and its tooltip counts every op
 that began in it. Stuck calls of a trace read after a hang keep their own box
-and open end (``timeline.stuck_mark``).
+and open end (``picture.stuck_mark``).
 
 The work is a few numpy passes over the trace's columns (``Trace.columns``): no
 ``Event`` objects are made for it, so a 200k-op trace draws in a tenth of a second.
 
-``html(trace, keep)`` is what a ``Trace`` shows: ``timeline``'s op-by-op picture up
-to ``timeline.MAX_DRAWN`` operations, this one beyond.
+``html(trace, keep)`` is what a ``Trace`` shows: ``picture``'s op-by-op picture up
+to ``picture.MAX_DRAWN`` operations, this one beyond.
 """
 
 from __future__ import annotations
