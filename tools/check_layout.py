@@ -24,12 +24,13 @@
 7. The top level is public: the top-level modules of ddplab (``ddplab/*.py``)
    are exactly the teaching modules that ``ddplab/__init__.py``'s docstring
    lists in its ``Teaching modules`` paragraph (each name in double
-   backquotes, up to the next blank line), which notebooks may import, plus ``__init__``, ``__main__``
-   and the small shared infrastructure (``INFRASTRUCTURE``). A new top-level
+   backquotes, up to the next blank line), which notebooks may import, plus
+   ``__init__``, ``__main__``, the small shared infrastructure
+   (``INFRASTRUCTURE``) and ``procs`` where it is a module. A new top-level
    module is listed there, or lives in the package that uses it.
 8. No ddplab module is longer than ``MAX_LINES`` (450) lines: split it by what
    it does.
-9. ...and only ``ddplab.procs`` runs a command to its end with ``subprocess``
+9. Only ``ddplab.procs`` runs a command to its end with ``subprocess``
    (``run``, ``call``, ``check_call``, ``check_output``, ``getoutput``,
    ``getstatusoutput``): everything else in ddplab calls ``procs.run_command``.
    Found in the code: ``subprocess.run(...)`` (under any name the module was
