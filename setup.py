@@ -4,7 +4,7 @@
 the wheel pip builds from the sdist) this copies them into
 ``ddplab/course/notebooks/`` in the build folder, where pyproject.toml's
 package-data picks them up. A checkout (``pip install -e .``) reads
-``notebooks/`` directly: see ``ddplab.course.notebooks.reference_dir``.
+``notebooks/`` directly: see ``ddplab.hints.reference_dir``.
 """
 
 import shutil

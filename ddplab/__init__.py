@@ -18,11 +18,22 @@
     %ddplab_debug                        # after a RankError: post-mortem on the rank that raised
 
 See ``ddplab.lab`` for the lab's lifecycle and its failure modes.
+
+Teaching modules, the top-level modules notebooks may import (``from ddplab import train``),
+in the kernel or on the ranks: ``algorithms``, ``bench``, ``data``, ``env``, ``hints``
+(``ddplab.hint``, ``ddplab.solution``), ``hosts``, ``launch``, ``memory``, ``progress``,
+``sharding``, ``show``, ``train``.
+
+The packages: ``lab`` (the kernel side: a lab, its ranks, its calls), ``rank`` (code that runs
+inside an engine), ``trace`` (the timeline), ``check`` (the notebooks' checkers), ``procs`` (the
+one owner of child processes), ``course`` (release, grading, the CLI). The rest of the top level
+is small shared infrastructure: ``errors``, ``env``, ``limits``, ``text``.
+``tools/check_layout.py`` holds the top level to this list.
 """
 
 from . import check, trace
-from .course.notebooks import hint, solution
 from .errors import ConfigError, DdplabError, EngineDiedError, HangError, RankError
+from .hints import hint, solution
 from .lab import Lab, attach, current, start
 from .lab.magics import load_ipython_extension
 from .rank.debugger import breakpoint

@@ -144,7 +144,7 @@ def test_ddp_all_reduces_counts_the_buckets_of_the_last_backward(fresh_lab, caps
 
 
 def test_every_checker_says_to_trace_first(fresh_lab, monkeypatch):
-    monkeypatch.setattr(tracing, "_last", None)
+    monkeypatch.setattr(tracing.record, "_last", None)
     for checker, answer in ((ddplab.check.straggler, 0), (ddplab.check.who_waited, (0, "send")),
                             (ddplab.check.ddp_all_reduces, 1), (ddplab.check.messages_per_rank, 1)):
         fails(checker, answer, "Run that cell first", "lab.trace()")

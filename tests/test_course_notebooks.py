@@ -9,7 +9,8 @@ import nbformat
 import pytest
 
 import ddplab
-from ddplab.course.notebooks import CourseError, copy_notebooks, exercises, reference_dir
+from ddplab.course.notebooks import CourseError, copy_notebooks
+from ddplab.hints import exercises, reference_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
@@ -58,7 +59,7 @@ def test_every_exercise_has_a_name_and_a_solution():
     found = exercises()
     assert "ping-pong" in found and "mean-score" in found
     for name in found:
-        text = ddplab.course.notebooks.solution_text(name)
+        text = ddplab.hints.solution_text(name)
         assert text.startswith(f"# Reference solution of {name} (")
         assert "BEGIN SOLUTION" not in text and "NotImplementedError" not in text
 
@@ -125,7 +126,7 @@ HINTED = sorted(exercises())
 
 @pytest.mark.parametrize("name", HINTED)
 def test_the_exercise_has_a_hint_that_does_not_give_the_solution_away(name):
-    from ddplab.course.notebooks import hint_text, solution_text
+    from ddplab.hints import hint_text, solution_text
 
     hint = hint_text(name)
     assert hint.startswith(f"Hint for {name} (") and len(hint) > 40

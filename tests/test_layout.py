@@ -33,6 +33,12 @@ def test_ruff_finds_nothing():
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A checkout under ``tmp_path``; an empty ``ddplab/__init__.py`` lists every top-level module
+    as a teaching module, so a test of another rule sees only that rule's breaches."""
+    if files.get("ddplab/__init__.py") == "":
+        top = [Path(n).stem for n in files if n.count("/") == 1 and n.endswith(".py")]
+        files = {**files, "ddplab/__init__.py": '"""Teaching modules: '
+                 + ", ".join(f"``{name}``" for name in top if name != "__init__") + '."""\n'}
     for name, text in files.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,3 +122,64 @@ def test_nothing_derives_from_lab(check_layout, tmp_path):
     assert "ddplab/lab/multihost.py:2: class HostLab(lab.Lab) derives from Lab: compose a lab " \
            "from a Ranks instead" in found
     assert "local.py" not in found and "lab/lab.py" not in found, found
+
+
+def test_the_top_level_is_the_listed_teaching_modules(check_layout, tmp_path):
+    root = _tree(tmp_path, {
+        "ddplab/__init__.py": '"""The package.\n\nTeaching modules, which notebooks import: '
+                              '``show``,\n``train``, ``gone``.\n\nNot ``hidden``: a later paragraph."""\n',
+        "ddplab/__main__.py": "",
+        "ddplab/errors.py": "", "ddplab/env.py": "", "ddplab/limits.py": "",   # infrastructure
+        "ddplab/procs.py": "",
+        "ddplab/show.py": "", "ddplab/train.py": "",
+        "ddplab/hidden.py": "",                       # not listed: a breach
+        "ddplab/lab/__init__.py": "", "ddplab/lab/helper.py": "",              # in a package: fine
+    })
+    found = check_layout.problems(root)
+    assert "ddplab/hidden.py: a top-level module that ddplab/__init__.py's docstring does not list " \
+           "among its Teaching modules: list it there if notebooks import it" in "\n".join(found)
+    assert "ddplab/__init__.py: its docstring lists 'gone' among its Teaching modules, but there " \
+           "is no ddplab/gone.py" in found
+    assert len(found) == 2, found
+
+
+def test_the_top_level_must_be_listed(check_layout, tmp_path):
+    root = _tree(tmp_path, {"ddplab/__init__.py": '"""No list here."""\n', "ddplab/procs.py": ""})
+    assert check_layout.problems(root) == [
+        "ddplab/__init__.py: its docstring has no 'Teaching modules' paragraph listing the top-level "
+        "modules that notebooks may import (``name``, ``name``, ...)"]
+
+
+def test_no_module_is_over_the_size_cap(check_layout, tmp_path):
+    cap = check_layout.MAX_LINES
+    root = _tree(tmp_path, {
+        "ddplab/__init__.py": "",
+        "ddplab/procs.py": "",
+        "ddplab/at_cap.py": "x = 1\n" * cap,
+        "ddplab/lab/__init__.py": "",
+        "ddplab/lab/long.py": "x = 1\n" * (cap + 1),
+    })
+    assert check_layout.problems(root) == [
+        f"ddplab/lab/long.py: {cap + 1} lines, over the cap of {cap}: split it by what it does"]
+
+
+def test_only_procs_runs_commands_with_subprocess(check_layout, tmp_path):
+    root = _tree(tmp_path, {
+        "ddplab/__init__.py": "",
+        "ddplab/procs/__init__.py": "from .tree import run_command\n",
+        "ddplab/procs/tree.py": "import subprocess\ndef run_command(c, timeout):\n"
+                                "    return subprocess.run(c, timeout=timeout)\n",
+        "ddplab/a.py": "import subprocess\nout = subprocess.run(['true'], timeout=5)\n",
+        "ddplab/b.py": "import subprocess as sp\nsp.check_output(['true'])\n",
+        "ddplab/c.py": "from subprocess import call\n",
+        "ddplab/fine.py": '"""subprocess.run(...) named in words is fine."""\nimport subprocess\n'
+                          "from . import procs\n"
+                          "try:\n    procs.run_command(['true'], timeout=5, stdin=subprocess.DEVNULL)\n"
+                          "except subprocess.TimeoutExpired:\n    pass\n",
+    })
+    found = "\n".join(check_layout.problems(root))
+    assert "ddplab/a.py:2: subprocess.run outside ddplab.procs: run a short command to its end with " \
+           "ddplab.procs.run_command" in found
+    assert "ddplab/b.py:2: sp.check_output outside ddplab.procs" in found
+    assert "ddplab/c.py:1: from subprocess import call outside ddplab.procs" in found
+    assert "fine.py" not in found and "procs/tree.py" not in found, found

@@ -30,7 +30,7 @@ import pytest
 import ddplab
 from ddplab import procs
 from ddplab.hosts import Engine, place, rank_env, rank_table
-from ddplab.lab import hostlaunch, multihost
+from ddplab.lab.hosts import launch as hostlaunch, ranks as multihost
 from ddplab.lab.ranks import heartbeat_args
 
 PER_HOST = 2
@@ -404,7 +404,7 @@ def test_launchers_are_ipyparallels_own(engines, section, tmp_path):
     from ddplab.lab import LabSpec
     spec = LabSpec(world_size=4, backend="gloo", timeout=60, grace=2, pg_timeout=1800, debug=False)
     counts = {"node1": 2, "user@node2:2222": 2} if engines == "ssh" else None
-    launch = hostlaunch.Launch(engines=engines, counts=counts, listen="10.1.2.3",
+    launch = hostlaunch.HostEngines(engines=engines, counts=counts, listen="10.1.2.3",
                                location="10.1.2.3", ssh_cmd=None, remote_python="python3",
                                config={section: {"mpi_args": ["-x"]}})
     cluster = launch.configure(str(tmp_path), spec)

@@ -214,3 +214,16 @@ def test_a_session_is_ended_after_its_leader_is_gone(tmp_path):
     tree.add_session(leader.pid)
     assert tree.end(grace=0) == []
     assert not procs.alive(daemon)
+
+
+def test_run_command_runs_a_short_command_to_its_end_as_subprocess_run_does():
+    done = procs.run_command([sys.executable, "-c", "import sys; print('out'); sys.exit(3)"],
+                             capture_output=True, text=True, timeout=60)
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert (done.returncode, done.stdout) == (3, "out\n")
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        procs.run_command([sys.executable, "-c", "import time; time.sleep(600)"], timeout=1)
+    assert time.monotonic() - start < 60, "killed at its timeout, not left to run"
+    with pytest.raises(OSError):
+        procs.run_command(["/nonexistent/ddplab-no-such-command"], timeout=5)

@@ -1,4 +1,4 @@
-"""Live progress: report() on the ranks, the Board the lab feeds in the kernel."""
+"""Live progress: report() on the ranks, the ProgressBars the lab feeds in the kernel (ddplab.lab.bars)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 import pytest
 
 from ddplab import progress
+from ddplab.lab import bars, channel
 
 
 class Result:
@@ -37,19 +38,19 @@ def test_report_outside_a_rank_does_nothing():
 
 
 def test_record_text_and_headline_are_plain_stable_text():
-    assert progress.record_text(record(12, 46, epoch=2.0, loss=0.53124)) == "12/46  epoch=2 loss=0.5312"
-    assert progress.record_text(record(0, 5)) == "0/5"
-    assert progress.headline([0, 1]) == "Live progress, one bar per rank (rank 0, rank 1)"
+    assert bars.record_text(record(12, 46, epoch=2.0, loss=0.53124)) == "12/46  epoch=2 loss=0.5312"
+    assert bars.record_text(record(0, 5)) == "0/5"
+    assert bars.headline([0, 1]) == "Live progress, one bar per rank (rank 0, rank 1)"
 
 
 def test_board_shows_nothing_until_a_rank_reports(capsys):
-    board = progress.Board()
+    board = bars.ProgressBars()
     board.update({0: Result(), 1: Result()})
     assert capsys.readouterr().out == ""
 
 
 def test_board_prints_each_quarter_outside_jupyter(capsys):
-    board = progress.Board()
+    board = bars.ProgressBars()
     board.update({0: Result(record(1, 8, loss=2.0)), 1: Result()})
     board.update({0: Result(record(2, 8, loss=1.5)), 1: Result(record(1, 8))})
     board.update({0: Result(record(8, 8, loss=0.25), ready=True), 1: Result(record(8, 8))})
@@ -64,7 +65,7 @@ def test_board_prints_each_quarter_outside_jupyter(capsys):
 
 
 def test_board_waits_once_for_the_last_update_of_a_finished_rank(capsys):
-    board = progress.Board()
+    board = bars.ProgressBars()
     done = Result(record(3, 8), ready=True)
     board.update({0: done})
     assert done.flushes == 0          # nothing shown yet: no reason to wait
@@ -74,13 +75,13 @@ def test_board_waits_once_for_the_last_update_of_a_finished_rank(capsys):
 
 
 def test_a_broken_record_never_breaks_the_run(capsys, caplog):
-    board = progress.Board()
-    with caplog.at_level(logging.DEBUG, logger="ddplab.progress"):
+    board = bars.ProgressBars()
+    with caplog.at_level(logging.DEBUG, logger="ddplab.lab.bars"):
         board.update({0: Result({"step": 1})})      # no "total": cannot be drawn
     board.update({0: Result(record(1, 2))})          # ignored from now on, no exception
     assert "rank 0: 1/2" not in capsys.readouterr().out
     # Swallowed for the run's sake, but on the record for whoever debugs it.
-    (logged,) = [r for r in caplog.records if r.name == "ddplab.progress"]
+    (logged,) = [r for r in caplog.records if r.name == "ddplab.lab.bars"]
     assert logged.levelno == logging.DEBUG and logged.exc_info[0] is KeyError
 
 
@@ -88,7 +89,7 @@ def test_widget_view_has_a_fixed_text_form_and_moves_its_bars(monkeypatch):
     pytest.importorskip("ipywidgets")
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda *objs, **kw: shown.extend(objs))
-    view = progress._WidgetView([0, 1])
+    view = bars._WidgetView([0, 1])
     assert shown[0]["text/plain"] == "Live progress, one bar per rank (rank 0, rank 1)"
     assert "model_id" in shown[0]["application/vnd.jupyter.widget-view+json"]
     view.update({0: record(5, 10, loss=0.5), 1: record(10, 10)})
@@ -117,7 +118,7 @@ def test_ranks_publish_and_the_kernel_receives(fresh_lab):
 def test_the_lab_feeds_the_board_while_it_waits(fresh_lab, monkeypatch):
     seen, boards = [], []
 
-    class Recorder(progress.Board):
+    class Recorder(bars.ProgressBars):
         def __init__(self):
             super().__init__()
             boards.append(self)
@@ -126,7 +127,7 @@ def test_the_lab_feeds_the_board_while_it_waits(fresh_lab, monkeypatch):
             seen.append(sorted(results))
             super().update(results)
 
-    monkeypatch.setattr(progress, "Board", Recorder)
+    monkeypatch.setattr(bars, "ProgressBars", Recorder)
     assert all(sent >= 1 for sent in fresh_lab.run(_train_steps, 5))
     assert seen and all(ranks == [0, 1] for ranks in seen)
     assert not any(board._broken for board in boards)   # a board that cannot read a result freezes
@@ -139,7 +140,7 @@ def test_each_ranks_result_waits_for_its_last_progress_message(fresh_lab):
     for task in tasks:
         assert task.result.get(60) >= 1
         assert task.result.wait_for_output(30)
-        assert progress.published(task.result)[progress.KEY]["step"] == 20     # the last step's
+        assert channel.published(task.result)[progress.KEY]["step"] == 20     # the last step's
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +154,7 @@ def attached_lab(tmp_path_factory):
 
     from ddplab import procs
     from ddplab.lab import Lab, LabSpec
-    from ddplab.lab.multihost import HostRanks
+    from ddplab.lab.hosts.ranks import HostRanks
 
     work = tmp_path_factory.mktemp("attached")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDPLAB_")}

@@ -300,7 +300,7 @@ def test_ranks_trace_magic_shows_the_picture_under_the_cell(shell, fresh_lab, ca
 
 
 def test_summary_folds_repeats():
-    from ddplab.timeline import compress, size
+    from ddplab.trace.picture import compress, size
     assert compress(["a", "a", "a", "b"]) == ["a ×3", "b"]
     assert compress(["a", "b"] * 6 + ["c"]) == ["(a, b) ×6", "c"]
     assert compress(["x"]) == ["x"] and compress([]) == []
@@ -327,8 +327,8 @@ def test_zoom_after_the_barrier_draws_only_what_follows(fresh_lab):
 
 
 def test_summary_lines_break_between_ops_never_inside_one():
-    from ddplab.timeline import summary
     from ddplab.trace import Event, Trace
+    from ddplab.trace.picture import summary
 
     trace = Trace.__new__(Trace)
     trace.ranks, trace.complete, trace.compute = [0], True, []
@@ -398,7 +398,7 @@ def _synthetic_trace(n: int):
 
 
 def test_the_picture_of_a_100k_event_trace_is_aggregated_into_bins():
-    from ddplab import timeline
+    from ddplab.trace import picture as timeline
     tr = _synthetic_trace(50_000)              # 2 ranks: 100k events
     assert len(tr.events) == 100_000
     page = tr._repr_html_()

@@ -21,6 +21,20 @@
 6. Nothing in ddplab derives from ``Lab``: a lab is composed from a ``Ranks``
    and a ``Calls`` (``ddplab.lab.lab``), and a new kind of lab is a new
    ``Ranks``, so no subclass reaches into ``Lab``'s private state.
+7. The top level is public: the top-level modules of ddplab (``ddplab/*.py``)
+   are exactly the teaching modules that ``ddplab/__init__.py``'s docstring
+   lists in its ``Teaching modules`` paragraph (each name in double
+   backquotes, up to the next blank line), which notebooks may import, plus
+   ``__init__``, ``__main__``, the small shared infrastructure
+   (``INFRASTRUCTURE``) and ``procs`` where it is a module. A new top-level
+   module is listed there, or lives in the package that uses it.
+8. No ddplab module is longer than ``MAX_LINES`` (450) lines: split it by what
+   it does.
+9. Only ``ddplab.procs`` runs a command to its end with ``subprocess``
+   (``run``, ``call``, ``check_call``, ``check_output``, ``getoutput``,
+   ``getstatusoutput``): everything else in ddplab calls ``procs.run_command``.
+   Found in the code: ``subprocess.run(...)`` (under any name the module was
+   imported as) or ``from subprocess import run``.
 
 Imports under ``if TYPE_CHECKING:`` never run, so rules 1, 4 and 5 skip them.
 """
@@ -28,6 +42,7 @@ Imports under ``if TYPE_CHECKING:`` never run, so rules 1, 4 and 5 skip them.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -39,6 +54,10 @@ KILL_METHODS = {"kill", "terminate"}
 STARTER = "Popen"
 RANK_PACKAGE, KERNEL_PACKAGE = f"{PACKAGE}.rank", f"{PACKAGE}.lab"
 COMPOSED = "Lab"     # the class that is composed, never subclassed (rule 6)
+INFRASTRUCTURE = ("__init__", "__main__", "env", "errors", "limits", "text")   # rule 7
+TEACHING = "Teaching modules"    # the paragraph of ddplab/__init__'s docstring that lists them
+MAX_LINES = 450                  # rule 8
+RUNNERS = {"run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"}  # rule 9
 
 
 def within(name: str, package: str) -> bool:
@@ -170,6 +189,23 @@ def popen_uses(path: Path) -> list[tuple[int, str]]:
     return sorted(set(found))
 
 
+def subprocess_runs(path: Path) -> list[tuple[int, str]]:
+    """Code that runs a command through ``subprocess`` rather than ``procs``: ``subprocess.run(...)``
+    (``import subprocess as sp``: ``sp.run``), ``from subprocess import run``."""
+    tree = ast.parse(path.read_text(), str(path))
+    names = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names if alias.name == "subprocess"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in RUNNERS and \
+                isinstance(node.value, ast.Name) and node.value.id in names:
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom) and node.module == "subprocess":
+            found += [(node.lineno, f"from subprocess import {a.name}") for a in node.names
+                      if a.name in RUNNERS]
+    return sorted(set(found))
+
+
 def subclasses_of_composed(path: Path) -> list[tuple[int, str]]:
     """Classes whose bases name ``Lab`` (``Lab``, ``lab.Lab``, ``ddplab.Lab``)."""
     found = []
@@ -180,6 +216,42 @@ def subclasses_of_composed(path: Path) -> list[tuple[int, str]]:
                 if named == COMPOSED:
                     found.append((node.lineno, f"class {node.name}({ast.unparse(base)})"))
     return found
+
+
+def listed_teaching_modules(init: Path) -> list[str] | None:
+    """The ``names`` in the ``Teaching modules`` paragraph of ``init``'s docstring (None: no such
+    paragraph)."""
+    doc = ast.get_docstring(ast.parse(init.read_text(), str(init))) or ""
+    start = doc.find(TEACHING)
+    if start < 0:
+        return None
+    paragraph = doc[start:].split("\n\n", 1)[0]
+    return re.findall(r"``(\w+)``", paragraph)
+
+
+def top_level_problems(root: Path) -> list[str]:
+    """Rule 7: the top-level modules are the listed teaching modules and the infrastructure."""
+    init = root / PACKAGE / "__init__.py"
+    rel = init.relative_to(root)
+    listed = listed_teaching_modules(init)
+    if listed is None:
+        return [f"{rel}: its docstring has no {TEACHING!r} paragraph listing the top-level "
+                f"modules that notebooks may import (``name``, ``name``, ...)"]
+    present = {p.stem for p in (root / PACKAGE).glob("*.py")}
+    allowed = set(listed) | set(INFRASTRUCTURE) | {PROCESS_MODULE.rpartition(".")[2]}
+    out = [f"{PACKAGE}/{name}.py: a top-level module that {rel}'s docstring does not list among "
+           f"its {TEACHING}: list it there if notebooks import it, else move it into the package "
+           f"that uses it" for name in sorted(present - allowed)]
+    out += [f"{rel}: its docstring lists {name!r} among its {TEACHING}, but there is no "
+            f"{PACKAGE}/{name}.py" for name in sorted(set(listed) - present)]
+    return out
+
+
+def too_long(path: Path) -> str | None:
+    """Rule 8: ``path`` has more than ``MAX_LINES`` lines."""
+    lines = len(path.read_text().splitlines())
+    return f"{lines} lines, over the cap of {MAX_LINES}: split it by what it does" \
+        if lines > MAX_LINES else None
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -227,10 +299,15 @@ def problems(root: Path = ROOT) -> list[str]:
         out += [f"{rel}:{line}: {what}" for line, what in module.private]
         out += [f"{rel}:{line}: {what} derives from {COMPOSED}: compose a lab from a Ranks "
                 f"instead (ddplab.lab.ranks)" for line, what in subclasses_of_composed(module.path)]
+        long = too_long(module.path)
+        if long:
+            out.append(f"{rel}: {long}")
         if within(module.name, PROCESS_MODULE):
             continue
         out += [f"{rel}:{line}: {what} outside {PROCESS_MODULE}: run commands with "
                 f"ddplab.procs.Group (or procs.start)" for line, what in popen_uses(module.path)]
+        out += [f"{rel}:{line}: {what} outside {PROCESS_MODULE}: run a short command to its "
+                f"end with ddplab.procs.run_command" for line, what in subprocess_runs(module.path)]
         if within(module.name, RANK_PACKAGE):
             out += [f"{rel}:{line}: imports {target}: code under {RANK_PACKAGE} runs in an "
                     f"engine and never imports the kernel-side {KERNEL_PACKAGE}"
@@ -243,6 +320,7 @@ def problems(root: Path = ROOT) -> list[str]:
             rel = path.relative_to(root)
             out += [f"{rel}:{line}: {what} outside {PROCESS_MODULE}: use ddplab.procs"
                     for line, what in kill_calls(path)]
+    out += top_level_problems(root)
     graph = {name: {t for t in m.imports if t in known} for name, m in parsed.items()}
     for group in cycles(graph):
         edges = [f"{a} -> {b} (line {parsed[a].imports[b]})" for a in group for b in group

@@ -25,8 +25,8 @@ from . import (
                multinode,
                p2p,
                precision,
+               samplers,
                setup,
-               sharding,
                sharding_model,
                timeline,
                training,
@@ -41,8 +41,8 @@ from .launchers import *  # noqa: F401,F403
 from .multinode import *  # noqa: F401,F403
 from .p2p import *  # noqa: F401,F403
 from .precision import *  # noqa: F401,F403
+from .samplers import *  # noqa: F401,F403
 from .setup import *  # noqa: F401,F403
-from .sharding import *  # noqa: F401,F403
 from .sharding_model import *  # noqa: F401,F403
 from .timeline import *  # noqa: F401,F403
 from .training import *  # noqa: F401,F403
@@ -50,5 +50,5 @@ from .training import *  # noqa: F401,F403
 __all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *byhand.__all__,
                   *checkpoints.__all__, *collectives.__all__, *debugging.__all__, *launchers.__all__,
                   *multinode.__all__, *p2p.__all__, *precision.__all__, *setup.__all__,
-                  *sharding.__all__, *sharding_model.__all__,
+                  *samplers.__all__, *sharding_model.__all__,
                   *timeline.__all__, *training.__all__])

@@ -1,4 +1,4 @@
-"""The course notebooks that ship with ddplab: copies for students, hints and solutions.
+"""The course notebooks that ship with ddplab: copies for students and for instructors.
 
 An installed ddplab (``pip install ddplab``) carries the reference notebooks
 in ``ddplab/course/notebooks/`` (copied from the repository's ``notebooks/``
@@ -11,13 +11,8 @@ A copy never overwrites a notebook that is already there: that file is a
 student's work. So ``make lab`` runs it on every start to fill ``workspace/``
 with the notebooks that are new, keeping the rest.
 
-From a cell, a stuck student asks for help with one exercise, by the name in
-its cell id (``exercise-<name>``)::
-
-    ddplab.hint("ping-pong")        # the hint its author wrote
-    ddplab.solution("ping-pong")    # the reference solution
-
-A hint lives in the exercise cell's metadata, ``{"ddplab": {"hint": "..."}}``.
+Where the reference notebooks are (``reference_dir``), and the hints and
+solutions a student asks for from a cell, live in ``ddplab.hints``.
 """
 
 from __future__ import annotations
@@ -28,24 +23,10 @@ from pathlib import Path
 # CourseError lives with every other exception; it stays importable from here too.
 from ddplab.errors import CourseError
 
+from ..hints import reference_dir, reference_notebooks
+
 # nbformat and .release are imported where used: ``import ddplab`` stays light.
-
-EXERCISE_PREFIX = "exercise-"
-
-
-def reference_dir() -> Path:
-    """The folder of reference notebooks: the installed package's, else the checkout's."""
-    package = Path(__file__).resolve().parent
-    for folder in (package / "notebooks", package.parents[1] / "notebooks"):
-        if any(folder.glob("*.ipynb")):
-            return folder
-    raise CourseError(f"ddplab: no course notebooks in {package / 'notebooks'} nor in "
-                      f"{package.parents[1] / 'notebooks'}. Reinstall ddplab from a wheel or sdist "
-                      f"(they ship the notebooks), or run from a checkout of the repository.")
-
-
-def reference_notebooks() -> list[Path]:
-    return sorted(reference_dir().glob("*.ipynb"))
+__all__ = ["CourseError", "copy_notebooks", "reference_dir", "reference_notebooks"]
 
 
 def copy_notebooks(dest: str | Path, reference: bool = False) -> tuple[list[Path], list[Path]]:
@@ -71,54 +52,3 @@ def copy_notebooks(dest: str | Path, reference: bool = False) -> tuple[list[Path
             nbformat.write(release_notebook(nbformat.read(source, as_version=4), source.name), target)
             written.append(target)
     return written, kept
-
-
-def exercises() -> dict[str, tuple[str, object]]:
-    """Exercise name -> (notebook file name, its exercise cell), over every reference notebook."""
-    import nbformat
-
-    found: dict[str, tuple[str, object]] = {}
-    for path in reference_notebooks():
-        for cell in nbformat.read(path, as_version=4).cells:
-            cell_id = cell.get("id", "")
-            if cell_id.startswith(EXERCISE_PREFIX):
-                found.setdefault(cell_id[len(EXERCISE_PREFIX):], (path.name, cell))
-    return found
-
-
-def _exercise(name: str):
-    known = exercises()
-    key = name[len(EXERCISE_PREFIX):] if name.startswith(EXERCISE_PREFIX) else name
-    if key not in known:
-        listing = ", ".join(f"{n} ({nb[:2]})" for n, (nb, _) in known.items())
-        raise CourseError(f"ddplab: no exercise named {name!r}. The exercises (notebook) are: "
-                          f"{listing}.")
-    return key, known[key]
-
-
-def hint_text(name: str) -> str:
-    key, (notebook, cell) = _exercise(name)
-    hint = cell.metadata.get("ddplab", {}).get("hint")
-    if not hint:
-        return (f"No hint was written for {key} ({notebook}). "
-                f"ddplab.solution({key!r}) shows the reference solution.")
-    return f"Hint for {key} ({notebook}): {hint}"
-
-
-def solution_text(name: str) -> str:
-    """The reference exercise cell, marker lines left out, ready to paste over the stub."""
-    from .release import BEGIN, END
-
-    key, (notebook, cell) = _exercise(name)
-    body = "\n".join(line for line in cell.source.splitlines() if line.strip() not in (BEGIN, END))
-    return f"# Reference solution of {key} ({notebook}):\n{body}"
-
-
-def hint(name: str) -> None:
-    """Print the hint for exercise ``name`` (its cell id without ``exercise-``)."""
-    print(hint_text(name))
-
-
-def solution(name: str) -> None:
-    """Print the reference solution of exercise ``name``; try ``ddplab.hint`` first."""
-    print(solution_text(name))

@@ -31,9 +31,8 @@ from pathlib import Path
 import nbformat
 
 from ..errors import ReleaseError
+from ..hints import BEGIN, END
 
-BEGIN = "### BEGIN SOLUTION"
-END = "### END SOLUTION"
 STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 
 

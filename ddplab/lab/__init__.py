@@ -61,11 +61,13 @@ Where things are
 - ``lab``: ``Lab``, the API a notebook calls, composed of a ``Ranks`` and a ``Calls``.
 - ``ranks``: the ``Ranks`` interface (the processes of the ranks, wherever they run),
   ``LabSpec`` and the heartbeat setting; ``local``: ``LocalRanks``, engines on this
-  machine; ``multihost``: ``HostRanks``, engines on several hosts; ``hostlaunch``
-  (with ``sshlaunch`` and ``batchlaunch``): starting and stopping those engines.
+  machine; ``hosts``: ``HostRanks``, engines on several hosts (``hosts.ranks``), and
+  starting and stopping those engines (``hosts.launch``, with ``hosts.ssh`` and ``hosts.batch``).
 - ``owncode``: ``lab.spawn`` and ``lab.run_script``, for code that makes its own group.
 - ``calls``: calls sent to the ranks and how they ended (results, errors, hangs,
   cells left running, late output, interrupts); ``fanout``: one call to many engines.
+- ``bars``: the progress bars (``ProgressBars``) a wait shows; ``channel``: what the ranks
+  publish while a call runs (progress, live screens, debugger requests), read one way.
 - ``current_lab``: the lab ``current()``, ``%%ranks`` and the checkers use.
 - ``magics``: the ``%%ranks`` / ``%%rank N`` cell magics.
 - ``template``: engines forked from a warm process that imported torch once.

@@ -26,10 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import progress
 from ..errors import DdplabError, EngineDiedError, HangError, RankError
 from ..text import plural
-from . import debugger, diagnose, display, flight, live
+from . import bars, debugger, diagnose, display, flight, live
 from .ranks import Loss, Ranks
 
 #: After one rank fails, how long the others get to finish before we conclude
@@ -171,7 +170,7 @@ class Calls:
         own_ids = {id(t) for t in (tasks if own is None else own)}
         deadline = time.monotonic() + timeout
         failed_at = None
-        board = progress.Board()                 # live bars, once a rank calls progress.report
+        board = bars.ProgressBars()              # live bars, once a rank calls progress.report
         areas = live.Board()                     # live output, once a rank prints
         prompts = debugger.Prompter(self.ranks.directory)   # a rank's pdb prompts, if any
         mark = time.monotonic()

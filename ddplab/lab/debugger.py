@@ -39,9 +39,9 @@ import threading
 from typing import Any, Iterator
 
 from ..errors import DdplabError
-from ..progress import published
 from ..rank.debugger import REQUEST_KEY
 from . import display, live
+from .channel import published
 
 #: What the live status says of a rank at the debugger's prompt.
 AT_PROMPT = "in the debugger"

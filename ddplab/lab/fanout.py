@@ -21,7 +21,7 @@ class RankResult:
     """One engine's part of a many-engine AsyncResult: ``ready``, ``wait``, ``get``,
     ``wait_for_output``, ``_metadata``.
 
-    ``_metadata`` is the list ``ddplab.progress.published`` reads, as on an
+    ``_metadata`` is the list ``ddplab.lab.channel.published`` reads, as on an
     AsyncResult of one engine: the dict ipyparallel updates in place as the
     rank publishes data and as its reply arrives.
     """

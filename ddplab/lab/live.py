@@ -26,9 +26,9 @@ import os
 import time
 from typing import Any
 
-from ..progress import published
 from ..rank.live import KEY, STATUS_KEY
 from . import display
+from .channel import published
 
 #: Lines of a rank's screen shown in its live area.
 LINES = 20

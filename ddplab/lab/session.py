@@ -15,9 +15,10 @@ from typing import Any
 
 from ..env import check_fits, check_world_size, gpu_count
 from ..errors import ConfigError
-from . import current_lab, display, hostlaunch, magics
+from . import current_lab, display, magics
+from .hosts import launch as hostlaunch
+from .hosts.ranks import HostRanks
 from .lab import Lab
-from .multihost import HostRanks
 from .ranks import LabSpec
 
 __all__ = ["attach", "start"]
@@ -97,7 +98,7 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
       not authenticate who connects (docs/security.md, "What is exposed").
 
     - ``hosts=["node1", "node2"]`` or ``engines="ssh"|"mpi"|"slurm"``: ranks on
-      several hosts, started by ipyparallel's launchers; see ``ddplab.lab.multihost``
+      several hosts, started by ipyparallel's launchers; see ``ddplab.lab.hosts``
       (its options, such as ``listen=`` or ``ssh_cmd=``, go in ``host_options``).
 
     Use it as ``with ddplab.start(...) as lab:`` to stop the lab at the end.
@@ -107,7 +108,7 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
             raise ConfigError(
                 f"ddplab: init_method={init_method!r} is for a lab on this machine; a lab on "
                 f"several hosts always joins its ranks at rank 0's TCPStore (see "
-                f"ddplab.lab.multihost). Use start(hosts=...) without init_method, or "
+                f"ddplab.lab.hosts). Use start(hosts=...) without init_method, or "
                 f"start(world_size=..., init_method={init_method!r}) for local ranks.")
         return _start_hosts(world_size, backend, timeout, hosts=hosts, engines=engines,
                             grace=grace, pg_timeout=pg_timeout, debug=debug, **host_options)
@@ -129,7 +130,7 @@ def _start_hosts(world_size: int, backend: str = "auto", timeout: float = 60, *,
                  ssh_cmd: list[str] | None = None, remote_python: str | None = None,
                  config: dict | None = None, grace: float = 2.0, pg_timeout: float = 1800,
                  debug: bool = False) -> Lab:
-    """``ddplab.start(..., hosts=[...])`` / ``engines=``: see ``ddplab.lab.multihost``.
+    """``ddplab.start(..., hosts=[...])`` / ``engines=``: see ``ddplab.lab.hosts``.
 
     - ``hosts``: hostnames (``user@host:port`` works), ranks split evenly, or
       ``{"host": ranks}``. Implies ``engines="ssh"``.

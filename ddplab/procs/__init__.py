@@ -2,7 +2,8 @@
 
 Two layers, one owner:
 
-- ``tree``: ``start`` one command (the only ``Popen`` in ddplab), and end a
+- ``tree``: ``start`` one command (the only ``Popen`` in ddplab), ``run_command``
+  a short one to its end (the only ``subprocess.run``), and end a
   whole tree of processes by one policy, ``Tree.end``: freeze, SIGTERM children
   before parents, ``grace`` seconds, SIGKILL, wait until all are gone; never a
   reused pid. A lab's controller and engines, and the engine template's
@@ -18,15 +19,27 @@ Two layers, one owner:
   ``end_descendants`` to end them all; engines and grading workers use it.
 
 ``tools/check_layout.py`` holds every other module to it: only this package
-calls ``Popen`` or signals a process.
+calls ``Popen`` or ``subprocess.run`` or signals a process.
 """
 
 from __future__ import annotations
 
 from .group import Exit, Group, Results, run
 from .reaper import become_subreaper, end_descendants, hide_memory
-from .tree import END_GRACE_S, KILL_WAIT_S, Member, Tree, alive, descendants, end_tree, process, send, start
+from .tree import (
+                   END_GRACE_S,
+                   KILL_WAIT_S,
+                   Member,
+                   Tree,
+                   alive,
+                   descendants,
+                   end_tree,
+                   process,
+                   run_command,
+                   send,
+                   start,
+)
 
 __all__ = ["END_GRACE_S", "Exit", "Group", "KILL_WAIT_S", "Member", "Results", "Tree", "alive",
            "become_subreaper", "descendants", "end_descendants", "end_tree", "hide_memory", "process",
-           "run", "send", "start"]
+           "run", "run_command", "send", "start"]

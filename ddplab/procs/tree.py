@@ -1,5 +1,7 @@
 """Starting one process, and ending a tree of them: ``start``, ``Tree``, ``end_tree``.
 
+``run_command`` runs a short command to its end (``subprocess.run``).
+
 Every process ddplab starts (a lab's controller and engines, a launch's
 torchrun, a training run, a grading worker or kernel) is ended here, by one
 policy, ``Tree.end``:
@@ -91,6 +93,18 @@ def start(command: list[str], *, session: bool = True, **popen_kwargs) -> subpro
     """
     popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
     return subprocess.Popen(command, start_new_session=session, **popen_kwargs)
+
+
+def run_command(command: list[str], *, timeout: float, **options) -> subprocess.CompletedProcess:
+    """Run one short command to its end; what ``subprocess.run(command, timeout=timeout,
+    **options)`` returns and raises (the only ``subprocess.run`` in ddplab).
+
+    For a probe such as ``ssh -G``, ``squeue`` or ``mpiexec --version``: at
+    ``timeout`` the command is killed and ``subprocess.TimeoutExpired`` raised;
+    a command that cannot start raises ``OSError``. A command that runs on, or
+    has children of its own to end, is started with ``start`` or a ``Group``.
+    """
+    return subprocess.run(command, timeout=timeout, **options)
 
 
 class Tree:

@@ -29,7 +29,7 @@ than that already, and the offsets then come out near zero.
 Times in ``tr.events`` are seconds since the trace started.
 
 Big traces. The ranks send their records as columns and ``stop`` analyses them
-as columns (``ddplab.trace_events``: who matched whom, who waited how long);
+as columns (``ddplab.trace.events``: who matched whom, who waited how long);
 the ``Event`` objects are made when ``tr.events`` is first read, and the
 picture of a big trace reads the columns (``tr.columns()``) and makes none.
 """
@@ -43,12 +43,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError, DdplabError, HangError
-from .rank import trace as _rank
-from .rank.trace import region
-from .trace_events import Event, analyse, as_events, event, gather, instances
+from ..errors import ConfigError, DdplabError, HangError
+from ..rank import trace as rank_trace
+from ..rank.trace import region
+from .events import Event, analyse, as_events, event, gather, instances
 
-__all__ = ["Event", "Trace", "last", "region", "set_last", "uneven_work"]
+__all__ = ["Clock", "Event", "Trace", "Zoom", "last", "region", "set_last", "uneven_work"]
 _last: Trace | None = None
 _recording: dict[int, Trace] = {}      # id(lab) -> its trace that is recording now
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class Clock:
 class Trace:
     """Record the ranks' torch.distributed operations; make one with ``lab.trace()``."""
 
-    # What the ranks sent, as analysed columns (``ddplab.trace_events``); the first read
+    # What the ranks sent, as analysed columns (``ddplab.trace.events``); the first read
     # of ``events`` makes the Events from them.
     _columns: dict[str, list] | None = None
     _events: list[Event] | None = None
@@ -93,10 +93,10 @@ class Trace:
                               + "; one at a time. Stop it first (tr.stop(), or leave its "
                               "`with lab.trace()` block), or drop --trace inside it.")
         self.t0 = time.time()
-        infos = self.lab.run(_rank.start, ranks=self.ranks)
+        infos = self.lab.run(rank_trace.start, ranks=self.ranks)
         self.running = True
         _recording[id(self.lab)] = self
-        here = _rank.boot_id()
+        here = rank_trace.boot_id()
         far = [r for r, info in infos.items() if info["boot_id"] != here or self.align == "ping"]
         self.clock = {r: Clock() for r in self.ranks}
         if far:
@@ -111,7 +111,7 @@ class Trace:
                               "or `with lab.trace() as tr:`.")
         self.running = False
         _recording.pop(id(self.lab), None)
-        results = self.lab.run(_rank.stop, ranks=self.ranks)
+        results = self.lab.run(rank_trace.stop, ranks=self.ranks)
         self._build(results)
         self.complete = all(results[r]["recorded"] for r in self.ranks)
         _last = self
@@ -189,10 +189,10 @@ class Trace:
         trace reads: no Event is made."""
         if self._columns is not None:
             return self._columns
-        events = self._require()
+        events = self.require_events()
         return {name: [getattr(e, name) for e in events] for name in Event.__dataclass_fields__}
 
-    def _require(self) -> list[Event]:
+    def require_events(self) -> list[Event]:
         if not self.collected:
             raise DdplabError("ddplab: this trace has no events yet: use `with lab.trace() as tr:` "
                               "and look at tr after the block.")
@@ -200,15 +200,15 @@ class Trace:
 
     def on(self, rank: int) -> list[Event]:
         """The events of one rank, in the order it called them."""
-        return [e for e in self._require() if e.rank == rank]
+        return [e for e in self.require_events() if e.rank == rank]
 
     def find(self, op: str, rank: int | None = None) -> list[Event]:
         """The events of one op (``"send"``, ``"all_reduce"``), on one rank or all."""
-        return [e for e in self._require() if e.op == op and (rank is None or e.rank == rank)]
+        return [e for e in self.require_events() if e.op == op and (rank is None or e.rank == rank)]
 
     def collectives(self) -> list[list[Event]]:
         """Each collective call as the list of its events, one per rank, in call order."""
-        return instances(self._require())
+        return instances(self.require_events())
 
     def straggler(self) -> int | None:
         """The rank the others waited for in collectives, or None if nobody waited."""
@@ -225,7 +225,7 @@ class Trace:
     @property
     def elapsed(self) -> float:
         """Seconds from the first recorded start to the last end, over every rank."""
-        items = self._require() + self.compute
+        items = self.require_events() + self.compute
         return max((max(e.end, self.over(e)) for e in items), default=0.0) - \
             min((e.start for e in items), default=0.0)
 
@@ -236,7 +236,7 @@ class Trace:
         ``after="barrier"`` keeps, on each rank, what came after its last ``barrier``:
         ranks begin a ``lab.run`` milliseconds apart, and a barrier lines them up.
         """
-        events = self._require()
+        events = self.require_events()
         cutoff = {r: -1e9 if start is None else start for r in self.ranks}
         if after is not None:
             ends = {e.rank: e.end for e in events if e.op == after}   # the last one per rank
@@ -253,14 +253,14 @@ class Trace:
             return event.done
         if self._over is None:            # once: per op, the end of its first wait
             self._over = {}
-            for w in self._require():
+            for w in self.require_events():
                 if w.kind == "wait" and w.of is not None:
                     self._over[w.of] = min(w.end, self._over.get(w.of, w.end))
         return self._over.get(event.index, event.end) if event.index >= 0 else event.end
 
     # ---------------------------------------------------------------- the forms
     def summary(self) -> str:
-        from .timeline import summary
+        from .picture import summary
         return summary(self)
 
     def __repr__(self) -> str:
@@ -271,12 +271,12 @@ class Trace:
     def _repr_html_(self) -> str | None:
         if not self.collected:
             return None
-        from .timeline_bins import html
+        from .bins import html
         return html(self)
 
     def to_chrome(self) -> dict:
         """The trace in Chrome's trace-event format (what Perfetto and chrome://tracing read)."""
-        from .trace_chrome import chrome
+        from .chrome import chrome
         return chrome(self)
 
     def save(self, path: str) -> str:
@@ -299,11 +299,11 @@ class Zoom:
         return self.cutoff.get(event.rank, -1e9) < event.start <= self.end
 
     def __repr__(self) -> str:
-        from .timeline import summary
+        from .picture import summary
         return summary(self.trace, keep=self.keeps)
 
     def _repr_html_(self) -> str:
-        from .timeline_bins import html
+        from .bins import html
         return html(self.trace, keep=self.keeps)
 
 
@@ -323,7 +323,7 @@ def _measure_offsets(lab: Any, ranks: list[int], rounds: int = 5) -> dict[int, C
     best: dict[int, tuple[float, float]] = {}
     for _ in range(rounds):
         before = time.time()
-        stamps = lab.run(_rank.now, ranks=ranks)
+        stamps = lab.run(rank_trace.now, ranks=ranks)
         after = time.time()
         for rank, stamp in stamps.items():
             trip = after - before

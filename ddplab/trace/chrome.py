@@ -23,7 +23,7 @@ def chrome(trace: Any) -> dict:
         for tid, name in ((0, "calls"), (1, "in flight (async)")):
             out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
                         "args": {"name": name}})
-    for e in trace._require() + trace.compute:
+    for e in trace.require_events() + trace.compute:
         args = {k: v for k, v in asdict(e).items()
                 if k not in ("rank", "op", "start", "end", "kind") and v not in (None, 0, 0.0)}
         out.append({"name": e.op, "cat": e.kind, "ph": "X", "pid": e.rank, "tid": 0,

@@ -1,7 +1,7 @@
 """``HostRanks``: a lab's ranks on several hosts (the ``Ranks`` interface).
 
 ddplab builds no cluster manager. ipyparallel already starts engines over SSH,
-MPI, Slurm and more (``ddplab.lab.hostlaunch`` configures, starts and stops
+MPI, Slurm and more (``ddplab.lab.hosts.launch`` configures, starts and stops
 them); torch.distributed already joins ranks across hosts. This module only
 connects the two::
 
@@ -55,12 +55,12 @@ from typing import Any, Callable
 
 from ipyparallel.error import EngineError, RemoteError
 
-from .. import hosts as placing
-from ..env import choose_host_backend
-from ..errors import ConfigError, DdplabError, EngineDiedError
-from ..rank import engine
-from .hostlaunch import Launch
-from .ranks import HEARTBEAT_LOSS_S, EngineSet, LabSpec, Loss
+from ... import hosts as placing
+from ...env import choose_host_backend
+from ...errors import ConfigError, DdplabError, EngineDiedError
+from ...rank import engine
+from ..ranks import HEARTBEAT_LOSS_S, EngineSet, LabSpec, Loss
+from .launch import HostEngines
 
 log = logging.getLogger(__name__)
 
@@ -103,12 +103,12 @@ class _Result:
 class HostRanks:
     """Ranks on engines that may run on other hosts; see this module's docstring.
 
-    Give ``launch`` (``hostlaunch.plan``) for engines ddplab starts, or
+    Give ``launch`` (``launch.plan``) for engines ddplab starts, or
     ``connect`` (returns an ipyparallel ``Client``) for engines you started.
     """
 
     def __init__(self, spec: LabSpec, *, connect: Callable[[], Any] | None = None,
-                 launch: Launch | None = None, host_order: list[str] = ()) -> None:
+                 launch: HostEngines | None = None, host_order: list[str] = ()) -> None:
         self.spec = spec
         self._connect, self._launch = connect, launch
         self._host_order = list(host_order)

@@ -9,7 +9,7 @@ mpi4py), nothing tells the kernel, which waited out its timeout. Here:
   ``--allow-run-as-root`` when run as root, each named in the error;
 - ``failure(launcher)`` says, while the kernel waits for engines, whether the
   job or mpiexec already ended (``squeue``, the process), with its output;
-- ``watch_parent``: mpiexec runs under ``python -m ddplab.lab.batchlaunch
+- ``watch_parent``: mpiexec runs under ``python -m ddplab.lab.hosts.batch
   KERNEL_PID mpiexec ...``, which ends it (and so its ranks) within a second
   once the kernel is gone, even killed;
 - ``SlurmEngineSetLauncher`` writes the batch file into the lab's own directory (not
@@ -32,7 +32,8 @@ import psutil
 from ipyparallel.cluster import launcher as ipp_launcher
 from ipyparallel.cluster.launcher import MPIEngineSetLauncher
 
-from ..errors import ConfigError, DdplabError
+from ... import procs
+from ...errors import ConfigError, DdplabError
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,8 @@ class SlurmEngineSetLauncher(ipp_launcher.SlurmEngineSetLauncher):
 
     def _run_command(self, command: list[str], **kwargs) -> str:
         """sbatch / scancel; when one fails, what it said is the error (ipyparallel drops it)."""
-        out = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                             timeout=60, **kwargs)
+        out = procs.run_command(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                timeout=60, **kwargs)
         if out.returncode:
             raise DdplabError(f"ddplab: `{shlex.join(command)}` failed with exit code "
                               f"{out.returncode}: {(out.stderr + out.stdout).strip()}")
@@ -75,8 +76,8 @@ def read(path: str, limit: int = 6000) -> str:
 def job_state(job_id: str) -> tuple[str, str]:
     """(state, reason) of a Slurm job; ("", why) when Slurm no longer knows it."""
     try:
-        out = subprocess.run(["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T|%r"],
-                             capture_output=True, text=True, timeout=10)
+        out = procs.run_command(["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T|%r"],
+                                capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as e:
         return "", str(e)
     line = out.stdout.strip()
@@ -127,7 +128,7 @@ def stop_job(launcher, timeout: float = 20.0) -> None:
     """scancel the job, and wait until Slurm has ended it (its processes with it)."""
     if not launcher.job_id:
         return
-    subprocess.run(["scancel", str(launcher.job_id)], capture_output=True, timeout=30)
+    procs.run_command(["scancel", str(launcher.job_id)], capture_output=True, timeout=30)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and job_state(launcher.job_id)[0] in _LIVE | {"COMPLETING"}:
         time.sleep(0.2)
@@ -139,7 +140,6 @@ def stop_job(launcher, timeout: float = 20.0) -> None:
 
 def stop_mpiexec(launcher) -> None:
     """End mpiexec (it ends its ranks) and reap it."""
-    from .. import procs
     if launcher.pid > 0:
         procs.end_tree(launcher.pid, grace=5)
     popen = getattr(launcher, "_popen_process", None)
@@ -159,7 +159,7 @@ def check_mpi(remote_python: str, config: dict | None) -> None:
                           f"Install an MPI (apt-get install openmpi-bin) or pass "
                           f"config={{'MPIEngineSetLauncher': {{'mpi_cmd': ['/path/to/mpiexec']}}}}.")
     try:
-        probe = subprocess.run(
+        probe = procs.run_command(
             [remote_python, "-c", "import importlib.util as u; print(' '.join(m for m in "
              "('mpi4py', 'ddplab', 'ipyparallel') if u.find_spec(m) is None))"],
             capture_output=True, text=True, timeout=60)
@@ -171,7 +171,7 @@ def check_mpi(remote_python: str, config: dict | None) -> None:
                           f"{remote_python!r}, which lacks {', '.join(missing)} (an MPI engine "
                           f"needs mpi4py, ddplab and ipyparallel). Install them there "
                           f"(pip install mpi4py), or pass remote_python= a Python that has them.")
-    version = subprocess.run([*mpi_cmd, "--version"], capture_output=True, text=True, timeout=30)
+    version = procs.run_command([*mpi_cmd, "--version"], capture_output=True, text=True, timeout=30)
     open_mpi = "Open MPI" in version.stdout + version.stderr or "OpenRTE" in version.stdout
     allowed = "--allow-run-as-root" in section.get("mpi_args", []) or (
         os.environ.get("OMPI_ALLOW_RUN_AS_ROOT") and os.environ.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"))
@@ -183,12 +183,11 @@ def check_mpi(remote_python: str, config: dict | None) -> None:
 
 def watched(mpi_cmd: list[str]) -> list[str]:
     """``mpi_cmd`` run under this kernel's watch (see ``watch_parent``)."""
-    return [sys.executable, "-m", "ddplab.lab.batchlaunch", str(os.getpid()), *mpi_cmd]
+    return [sys.executable, "-m", "ddplab.lab.hosts.batch", str(os.getpid()), *mpi_cmd]
 
 
 def watch_parent(parent: int, command: list[str]) -> int:
     """Run ``command``; end its tree when ``parent`` is gone (or on SIGTERM/SIGINT); its exit code."""
-    from .. import procs
     child = procs.start(command, session=False)
     ending = []
     for sig in (signal.SIGTERM, signal.SIGINT):

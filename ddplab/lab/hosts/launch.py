@@ -1,19 +1,19 @@
 """Starting and stopping engines on other hosts, through ipyparallel's own launchers.
 
-``ddplab.lab.multihost`` forms a group over engines; this module is how those
+``ddplab.lab.hosts.ranks`` forms a group over engines; this module is how those
 engines come to exist when ddplab starts them (``start(hosts=...)`` over SSH,
 ``engines="slurm"``, ``engines="mpi"``): the arguments checked, ipyparallel's
 ``Cluster`` configured, started and, at the end, stopped with everything it
 started. ``attach`` never comes here: engines you started stay yours.
 
-The one seam ``multihost`` uses: ``plan(...)`` checks the arguments and returns
-a ``Launch``; ``Launch.start(profile_dir, spec)`` starts the controller and the
+The one seam ``ranks`` (``HostRanks``) uses: ``plan(...)`` checks the arguments and returns
+a ``HostEngines``; ``HostEngines.start(profile_dir, spec)`` starts the controller and the
 engines, waits until they registered and returns a connected ``Client``;
-``Launch.stop()`` ends them.
+``HostEngines.stop()`` ends them.
 
-- SSH: ``sshlaunch`` (one session per host, all at once; ``ssh_cmd`` does all
+- SSH: ``ssh`` (one session per host, all at once; ``ssh_cmd`` does all
   of it, so ssh-config aliases and options work).
-- Slurm and MPI: ipyparallel's launchers, watched by ``batchlaunch``.
+- Slurm and MPI: ipyparallel's launchers, watched by ``batch``.
 - A start that cannot succeed fails within a second or two of the cause
   (an engine, the job or mpiexec exited), with its output in the message;
   that output is kept in ``log_dir()`` (``DDPLAB_LOG_DIR``, by default
@@ -40,11 +40,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import hosts as placing, procs
-from ..env import omp_threads
-from ..errors import ConfigError, DdplabError
-from . import batchlaunch, sshlaunch
-from .ranks import LabSpec, heartbeat_args
+from ... import hosts as placing, procs
+from ...env import omp_threads
+from ...errors import ConfigError, DdplabError
+from ..ranks import LabSpec, heartbeat_args
+from . import batch, ssh
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,8 @@ def address(host: str, ssh_cmd: list[str] | None = None) -> str:
     name = host.split("@", 1)[-1].split(":", 1)[0]
     if ssh_cmd:
         try:
-            out = subprocess.run([*ssh_cmd, "-G", host.split(":", 1)[0]], capture_output=True,
-                                 text=True, timeout=10).stdout
+            out = procs.run_command([*ssh_cmd, "-G", host.split(":", 1)[0]], capture_output=True,
+                                    text=True, timeout=10).stdout
             name = next((line.split(None, 1)[1] for line in out.splitlines()
                          if line.lower().startswith("hostname ")), name)
         except (OSError, subprocess.TimeoutExpired, IndexError):
@@ -122,7 +122,7 @@ def keep_log(engines: str, text: str) -> str:
 
 
 @dataclass
-class Launch:
+class HostEngines:
     """How ddplab starts the engines of one multi-host lab, and what it started."""
     engines: str
     counts: dict[str, int] | None
@@ -136,8 +136,8 @@ class Launch:
     def configure(self, profile_dir: str, spec: LabSpec) -> Any:
         """An ipyparallel Cluster (not started): our controller, engines by ipyparallel's launcher."""
         import ipyparallel as ipp
-        classes = {"ssh": sshlaunch.SSHEngineSetLauncher, "slurm": batchlaunch.SlurmEngineSetLauncher,
-                   "mpi": batchlaunch.MPIEngineSetLauncher}
+        classes = {"ssh": ssh.SSHEngineSetLauncher, "slurm": batch.SlurmEngineSetLauncher,
+                   "mpi": batch.MPIEngineSetLauncher}
         cluster = ipp.Cluster(
             engines=classes[self.engines], n=spec.world_size, profile_dir=profile_dir,
             cluster_id="lab", log_level=logging.ERROR, controller_ip=self.listen,
@@ -179,7 +179,7 @@ class Launch:
             c[section].update(values)
         if self.engines == "mpi":
             # mpiexec ends, and its ranks with it, when the kernel dies.
-            c.MPIEngineSetLauncher.mpi_cmd = batchlaunch.watched(
+            c.MPIEngineSetLauncher.mpi_cmd = batch.watched(
                 list(c.MPIEngineSetLauncher.get("mpi_cmd", ["mpiexec"])))
         return cluster
 
@@ -228,7 +228,7 @@ class Launch:
             return None
         if self.engines == "ssh":
             return es.failure()
-        return batchlaunch.failure(es, self.engines)
+        return batch.failure(es, self.engines)
 
     def _wait_for_engines(self, client: Any, n: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -240,7 +240,7 @@ class Launch:
                                   f"(kept in {path}). Fix that and start again.")
             if time.monotonic() > deadline:
                 es = self.engine_set
-                state = batchlaunch.waiting_on(es, self.engines) if es is not None else ""
+                state = batch.waiting_on(es, self.engines) if es is not None else ""
                 raise DdplabError(f"ddplab: {len(client.ids)} of {n} {self.engines} engines "
                                   f"registered within {timeout:g} s{'; ' + state if state else ''}. "
                                   f"Start with a longer timeout=, or fewer ranks.")
@@ -256,9 +256,9 @@ class Launch:
                 if self.engines == "ssh":
                     es.stop_sync()
                 elif self.engines == "slurm":
-                    batchlaunch.stop_job(es)
+                    batch.stop_job(es)
                 else:
-                    batchlaunch.stop_mpiexec(es)
+                    batch.stop_mpiexec(es)
             except Exception:
                 log.warning("ddplab: stopping the %s engines failed", self.engines, exc_info=True)
             if self.engines == "slurm" and es.batch_file:
@@ -284,7 +284,7 @@ def _remove(path: str) -> None:
 
 def plan(world_size: int, *, hosts: Any = None, engines: str | None = None,
          listen: str | None = None, ssh_cmd: list[str] | None = None,
-         remote_python: str | None = None, config: dict | None = None) -> tuple[Launch, list[str]]:
+         remote_python: str | None = None, config: dict | None = None) -> tuple[HostEngines, list[str]]:
     """Check the arguments of ``start(hosts=...)`` / ``engines=``; the launch and the host order.
 
     ``remote_python`` defaults to this kernel's Python (``sys.executable``): the hosts
@@ -304,7 +304,7 @@ def plan(world_size: int, *, hosts: Any = None, engines: str | None = None,
                           f"Use ssh_cmd={ssh_cmd.split()!r}.")
     remote_python = remote_python or sys.executable
     if engines == "mpi":
-        batchlaunch.check_mpi(remote_python, config)
+        batch.check_mpi(remote_python, config)
     order = [address(h, list(ssh_cmd or ["ssh"])) for h in counts] if counts else []
     if listen is None:
         try:
@@ -313,7 +313,7 @@ def plan(world_size: int, *, hosts: Any = None, engines: str | None = None,
             raise ConfigError(f"ddplab: cannot find the address that reaches host {order[0]!r} "
                               f"({e}). Check the name, or pass listen='this machine's address'.") from e
     location = socket.gethostname() if listen in ("*", "0.0.0.0") else listen
-    launch = Launch(engines=engines, counts=counts, listen=listen, location=location,
+    launch = HostEngines(engines=engines, counts=counts, listen=listen, location=location,
                     ssh_cmd=list(ssh_cmd) if ssh_cmd else None, remote_python=remote_python,
                     config=config)
     return launch, order

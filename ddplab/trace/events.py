@@ -23,7 +23,7 @@ from collections import defaultdict, deque
 from dataclasses import MISSING, dataclass
 from typing import Any
 
-from .rank.recorder import COLUMNS
+from ..rank.recorder import COLUMNS
 
 __all__ = ["Event", "analyse", "as_events", "event", "gather", "instances"]
 

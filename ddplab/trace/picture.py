@@ -1,6 +1,6 @@
 """The picture of a trace: one lane per rank, time left to right.
 
-``Trace`` shows itself with these two forms (``ddplab.trace``):
+``Trace`` shows itself with these two forms (``ddplab.trace.record``):
 
 - ``html(trace)``: an SVG for JupyterLab, no server needed. Blocking calls are
   boxes on a rank's lane; an async op (``isend``, DDP's bucket all_reduce) is a
@@ -20,7 +20,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from .text import plural
+from ..text import plural
 
 WIDTH, LEFT, RIGHT, ROW, FLIGHT = 920, 64, 16, 18, 7
 #: More operations than this are drawn aggregated: a screen has ~840 pixels of time per
@@ -242,7 +242,7 @@ def _kept(items: list, keep: Any) -> list:
 def svg(trace: Any, keep: Any = None) -> str:
     """The picture; ``keep(event)`` picks the events to draw (``tr.zoom``).
 
-    Every operation gets a box: for up to ``MAX_DRAWN`` of them (``ddplab.timeline_bins``
+    Every operation gets a box: for up to ``MAX_DRAWN`` of them (``ddplab.trace.bins``
     draws bigger traces aggregated, and chooses).
     """
     events = _kept(trace.events, keep)

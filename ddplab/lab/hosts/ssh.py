@@ -36,7 +36,7 @@ from typing import Any
 
 from ipyparallel.cluster import launcher as ipp_launcher
 
-from .. import procs
+from ... import procs
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ class HostSession:
 
 class SSHEngineSetLauncher(ipp_launcher.SSHEngineSetLauncher):
     """ipyparallel's SSH engine launcher, configured as it is (``engines={host: n}``, ``ssh_cmd``,
-    ``remote_python``: ``hostlaunch`` sets it), that starts every host's engines at once through
+    ``remote_python``: ``launch`` sets it), that starts every host's engines at once through
     one ssh session each."""
     file_timeout = 60.0
 
