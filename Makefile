@@ -37,7 +37,7 @@ test: install
 	bash tools/ensure_sandbox.sh
 	bash tools/ensure_hub.sh
 	DDPLAB_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests notebooks --nbval --nbval-cell-timeout=300 \
-		--nbval-sanitize-with ddplab/course/nbval_sanitize.cfg
+		--nbval-sanitize-with ddplab/grade/nbval_sanitize.cfg
 
 # The inner loop while changing code (under a minute): every test but the slow, browser,
 # netns, gpu, realhosts and hub tiers, and no notebooks. `make test` (what CI runs) still runs them all.

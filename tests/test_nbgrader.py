@@ -35,8 +35,8 @@ import pytest
 from test_grade import EXERCISES, _cell, _replace, _solutions_into_stubs
 
 from ddplab import procs
-from ddplab.course.grade import grade
 from ddplab.course.release import release_notebook
+from ddplab.grade.class_run import grade
 
 # nbgrader itself: minutes.
 pytestmark = pytest.mark.slow

@@ -28,7 +28,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ddplab.course.grade_run import Kernel
+from ddplab.grade.run import Kernel
 
 pytestmark = pytest.mark.slow
 

@@ -16,11 +16,11 @@ process:
    is (its private directory) and, as bytes, each name the check cell gives
    the checker (``swap`` in ``ddplab.check.swap_tensors(swap)``), and for a
    timeline checker the kernel's last trace. What the kernel answers is the
-   submission's anyway; ``grade_unpickle`` loads plain data and keeps code
+   submission's anyway; ``ddplab.grade.unpickle`` loads plain data and keeps code
    sealed: the student's function goes to the ranks as the kernel's own bytes
    and is unpickled there, never here.
 3. The worker connects to the lab's controller itself (``WitnessLab``, in
-   ``grade_witness_lab``) and runs the reference check cell with ``ddplab``,
+   ``ddplab.grade.witness_lab``) and runs the reference check cell with ``ddplab``,
    ``lab`` and ``ddplab.current()`` its own. The check's output and its
    exception are the worker's: that output is compared with the reference,
    and it alone earns the point. What the ranks send back is unpickled as
@@ -31,7 +31,7 @@ names and literals (``witnessable``): every check cell of the shipped
 notebooks. The choice is made from the reference's source alone, never from
 what a submission does, so a submission cannot push a check back into its
 kernel. Another check cell (an instructor's ``assert f(3) == 9``) runs in the
-kernel under ``grade_check``'s guard, which the grader says can be forged.
+kernel under ``ddplab.grade.guard``'s guard, which the grader says can be forged.
 
 What this cannot defend against (README, "Grading a hostile class"): the
 ranks' state and the kernel's data are the submission's. A submission can
@@ -53,7 +53,7 @@ import pickle
 import sys
 from typing import Any
 
-from .grade_unpickle import Refused, SafePickle, SafeUnpickler, load_name, load_trace, safe_loads
+from .unpickle import Refused, SafePickle, SafeUnpickler, load_name, load_trace, safe_loads
 
 __all__ = ["GRADER_NAMES", "Refused", "SafePickle", "SafeUnpickler", "answer", "ask", "asked",
            "check", "prepare", "witnessable"]
@@ -186,7 +186,7 @@ def prepare() -> None:
     from ddplab.lab import calls, display  # noqa: F401
     from ddplab.rank import engine, owngroup  # noqa: F401
 
-    from . import grade_witness_lab  # noqa: F401
+    from . import witness_lab  # noqa: F401
     serialize.pickle = SafePickle
 
 
@@ -204,7 +204,7 @@ def check(source: str, found: dict, timeout: float,
     from ddplab.errors import HangError
     from ddplab.lab import current_lab
 
-    from .grade_witness_lab import WitnessLab
+    from .witness_lab import WitnessLab
     printed = io.StringIO()
     error, broke, lab = None, False, None
     before, before_trace = current_lab.current_or_none(), tracing.last()

@@ -1,6 +1,6 @@
 """``WitnessLab``: the grading worker's own handle on the ranks of a submission's lab.
 
-The grader runs every check in its worker process (``ddplab.course.grade_witness``),
+The grader runs every check in its worker process (``ddplab.grade.witness``),
 not in the submission's kernel, whose ``Lab`` the submission can patch. The
 worker connects to the same lab's controller with the connection file in the
 lab's private folder, and gives the checkers what they use of a lab, and
@@ -19,7 +19,7 @@ so a lab of bare ranks that has not joined a group yet is numbered as the
 kernel numbers it, and the engines a ``lab.restart()`` killed (the hub lists
 them for a few heartbeats) are left out. What the ranks print during a check
 is shown as ``Lab.run`` shows it. Replies are unpickled by
-``grade_unpickle.SafePickle`` (the worker installs it): plain data and
+``ddplab.grade.unpickle.SafePickle`` (the worker installs it): plain data and
 tensors only.
 """
 
