@@ -12,8 +12,8 @@ lists its preprocessors:
    cell the grader cannot run itself runs in the kernel under the ``guard``.
 3. ``witness``: the worker runs each check cell itself, against the
    submission's ranks, where the submission's code never ran (``unpickle``:
-   what it loads from the submission's processes; ``witness_lab``: its
-   handle on the ranks).
+   what it loads from the submission's processes), through a ``Lab`` of its
+   own attached to them (``ddplab.lab.attached``).
 4. ``compare``: each check cell's outputs against the reference's, the way
    nbval compares (``nbval_sanitize.cfg`` applied to both sides).
 5. score (``compare.score``): one ``Mark`` per exercise.

@@ -4,7 +4,8 @@ The lab's lifecycle and failure modes are described in ``ddplab.lab`` (the
 package docstring). A ``Lab`` is composed of two parts and never subclassed:
 
 - a ``Ranks`` (``ddplab.lab.ranks``): the processes, on this machine
-  (``LocalRanks``) or on several hosts (``HostRanks``);
+  (``LocalRanks``), on several hosts (``HostRanks``), or another's lab
+  attached to (``AttachedRanks``, the grader's);
 - a ``Calls`` (``ddplab.lab.calls``): what was sent to the ranks and how it ended.
 
 ``Lab`` itself checks arguments, keeps the lab's lifecycle (start, restart,

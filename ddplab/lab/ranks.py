@@ -2,13 +2,19 @@
 
 A ``Lab`` (``ddplab.lab.lab``) is what a student calls; it is composed from a
 ``Ranks`` (the processes) and a ``Calls`` (``ddplab.lab.calls``: calls sent to
-the ranks and how they ended). Two implementations, chosen by ``start()``:
+the ranks and how they ended). Three implementations, two chosen by ``start()``:
 
 - ``LocalRanks`` (``ddplab.lab.local``): engines on this machine, forked from a
   warm template, signalled and read directly.
 - ``HostRanks`` (``ddplab.lab.multihost``): engines on other hosts (SSH, Slurm,
   MPI, or a cluster you started and ``attach`` to), reached only through
   ipyparallel's controller.
+
+and one for a process that drives a lab another started, without owning it:
+
+- ``AttachedRanks`` (``ddplab.lab.attached``): the live engines of that lab,
+  numbered by rank; it never forms or leaves a group, never starts or stops a
+  process (the grading worker's view of a submission's lab).
 
 What every implementation provides, and nothing else is asked of it:
 
