@@ -35,7 +35,7 @@ import logging
 import os
 from typing import Any, Callable
 
-from .ranks import LabSpec, Loss
+from .ranks import Joins, LabSpec, Loss
 
 log = logging.getLogger(__name__)
 #: Where a local lab's ranks meet for ``spawn``: their own loopback (grading starts local labs).
@@ -100,8 +100,8 @@ class AttachedRanks:
         return f"attached to the {self.world_size} ranks of the lab in {self.directory}."
 
     # ------------------------------------------------------------- connecting
-    def bring_up(self, calls: Any) -> None:
-        """Connect and number the live engines by rank; form no group."""
+    def bring_up(self) -> Joins:
+        """Connect and number the live engines by rank. Forms no group: no joins."""
         import ipyparallel as ipp
         url_file = os.path.join(self.directory, "security", "ipcontroller-lab-client.json")
         if not os.path.isfile(url_file):
@@ -116,6 +116,10 @@ class AttachedRanks:
         by_rank = {rank: eid for eid, rank in ranks.items()}
         self.engine_ids = [by_rank[r] for r in range(len(ranks))]
         self.running = True
+        return {}
+
+    def formed(self) -> None:
+        """No group was formed."""
 
     def _live_ranks(self) -> dict[int, int]:
         """Engine id -> rank of every live engine.
@@ -164,9 +168,9 @@ class AttachedRanks:
         """Never signals another's processes."""
 
     # ------------------------------------------------------------- ending
-    def replace(self, calls: Any) -> bool:
+    def replace(self) -> Joins | None:
         """Never replaces another's engines."""
-        return False
+        return None
 
     def shut_down(self) -> None:
         """Close the client; the lab and its processes stay as they were."""
@@ -179,5 +183,5 @@ class AttachedRanks:
 def attach(directory: str, timeout: float) -> Any:
     """A ``Lab`` over the ranks of the lab whose private folder is ``directory``."""
     from .lab import Lab
-    lab = Lab(LabSpec.build(None, timeout=timeout), ranks=AttachedRanks(directory, timeout))
+    lab = Lab(LabSpec.build(None, timeout=timeout), engines=AttachedRanks(directory, timeout))
     return lab.start()
