@@ -39,7 +39,7 @@ test: install
 	bash tools/ensure_sandbox.sh
 	bash tools/ensure_hub.sh
 	DDPLAB_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests notebooks --nbval --nbval-cell-timeout=300 \
-		--nbval-sanitize-with ddplab/course/nbval_sanitize.cfg \
+		--nbval-sanitize-with ddplab/grade/nbval_sanitize.cfg \
 		--durations=30 --junitxml=build/test-results.xml
 	$(BIN)/python tools/test_times.py build/test-results.xml
 

@@ -43,7 +43,7 @@ is within the noise. Only wall time is compared: the CPU of a sandbox's
 processes is reaped inside its pid namespace and does not reach our
 ``RUSAGE_CHILDREN`` (unsandboxed, the class used about 84 s of CPU).
 
-With the grader's own check (``ddplab.course.grade_witness``: each sandboxed
+With the grader's own check (``ddplab.grade.witness``: each sandboxed
 worker imports torch, ddplab and ipyparallel before the first cell, about
 200 MB and 2 s of CPU more per submission), 2026-11-25, notebook 01, 10
 submissions, the 2-core machine shared with three other agents:
@@ -89,8 +89,8 @@ import nbformat
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ddplab.course.grade import default_jobs  # noqa: E402
 from ddplab.course.release import release_notebook  # noqa: E402
+from ddplab.grade.class_run import default_jobs  # noqa: E402
 
 GOAL_S = 120      # issue 20: a class of 20 graded in two minutes on 2 cores
 

@@ -127,7 +127,7 @@ def _formula_only_on_a_rank(node, local, nproc):
 
 def test_global_rank_runs_the_function_on_rank_0_of_a_running_lab(fresh_lab, capsys):
     """Where a grader can check it without running the student's code itself
-    (ddplab.course.grade_witness); with no lab it runs here."""
+    (ddplab.grade.witness); with no lab it runs here."""
     ddplab.check.global_rank(_formula_only_on_a_rank, fake_two_node_launch())
     assert capsys.readouterr().out.startswith("Correct: global rank = node_rank * nproc_per_node")
     with pytest.raises(AssertionError, match=r"global_rank\(0, 0, 2\) raised ZeroDivisionError"):

@@ -117,6 +117,6 @@ def _right_only_on_a_rank(index, visible):
 
 def test_physical_gpu_runs_the_function_on_rank_0_of_a_running_lab(fresh_lab, capsys):
     """Where a grader can check it without running the student's code itself
-    (ddplab.course.grade_witness); with no lab it runs here (the tests above)."""
+    (ddplab.grade.witness); with no lab it runs here (the tests above)."""
     ddplab.check.physical_gpu(_right_only_on_a_rank)
     assert capsys.readouterr().out.startswith("Correct: cuda:i is the i-th GPU")

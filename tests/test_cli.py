@@ -46,7 +46,7 @@ def test_release_of_a_corrupt_notebook_is_one_line_and_exit_2(tmp_path):
 
 
 def test_grading_runs_twice_the_cores_at_once_as_far_as_memory_allows():
-    from ddplab.course.grade import SUBMISSION_MEMORY_BYTES, default_jobs
+    from ddplab.grade.class_run import SUBMISSION_MEMORY_BYTES, default_jobs
     assert default_jobs(available=64 * 2**30, cores=2) == 8
     assert default_jobs(available=3 * SUBMISSION_MEMORY_BYTES, cores=2) == 3
     assert default_jobs(available=SUBMISSION_MEMORY_BYTES // 2, cores=8) == 1

@@ -23,10 +23,10 @@ import nbformat
 import pytest
 from conftest import my_process_tree
 
-from ddplab.course import report
-from ddplab.course.grade import grade
-from ddplab.course.grade_run import sanitize, sanitize_patterns
 from ddplab.course.release import release_notebook
+from ddplab.grade import report
+from ddplab.grade.class_run import grade
+from ddplab.grade.compare import sanitize, sanitize_patterns
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "01_point_to_point.ipynb"
@@ -254,6 +254,6 @@ def test_the_sanitize_file_leaves_lesson_output_alone(text):
 
 def test_nbval_reads_every_pattern_of_the_sanitize_file():
     """nbval silently drops a pair whose `replace:` lost its space; count them."""
-    text = (ROOT / "ddplab" / "course" / "nbval_sanitize.cfg").read_text()
+    text = (ROOT / "ddplab" / "grade" / "nbval_sanitize.cfg").read_text()
     assert len(sanitize_patterns()) == text.count("\nregex: ") == 14
     json.dumps(sanitize_patterns())

@@ -23,7 +23,7 @@ import pytest
 from conftest import my_process_tree
 from hostile import attacks, given_attacks
 
-from ddplab.course import sandbox
+from ddplab.grade import sandbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.course, pytest.mark.timeout(1500)]
 # A lab start on two cores shared with other labs has taken 30 s; the set-up
@@ -194,7 +194,7 @@ def test_an_interrupted_run_resumes_from_its_journal(tmp_path):
         (tmp_path / name / "00_setup.ipynb").write_text(attacks.submission(
             name, marker="x", reference="/nowhere", other="/nowhere", csv="/nowhere"))
     out = tmp_path / "grades.csv"
-    from ddplab.course.outputs import key
+    from ddplab.grade.journal import key
     # what a run killed after grading `stub` left: its line, and half of the next
     done = {"student": "stub", "notebook": "00_setup", "path": str(tmp_path / "stub" / "00_setup.ipynb"),
             "marks": [{"exercise": "mean-score", "passed": False, "reason": "from the journal"}],

@@ -1,4 +1,4 @@
-"""The grader's own check (``ddplab.course.grade_witness``): which check cells it runs, what it
+"""The grader's own check (``ddplab.grade.witness``): which check cells it runs, what it
 unpickles, and that a check it runs reads the ranks, whatever the kernel patched."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import torch
 
 import ddplab
 import ddplab.check
-from ddplab.course import grade_unpickle, grade_witness
+from ddplab import procs
+from ddplab.grade import unpickle, witness
 from ddplab.lab import current_lab
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,41 +49,27 @@ def _check_cells() -> list[str]:
     ("ddplab.check.mean_score(", False),
 ])
 def test_which_check_cells_the_grader_runs_itself(source, expected):
-    assert grade_witness.witnessable(source) is expected
+    assert witness.witnessable(source) is expected
 
 
 def test_the_grader_runs_every_shipped_check_itself():
     cells = _check_cells()
     assert len(cells) >= 57
-    assert [c for c in cells if not grade_witness.witnessable(c)] == []
+    assert [c for c in cells if not witness.witnessable(c)] == []
 
 
 def test_it_asks_the_kernel_for_the_names_and_for_the_trace_only_for_a_timeline_checker():
-    assert grade_witness.asked("ddplab.check.global_rank(global_rank, two_nodes)") == \
+    assert witness.asked("ddplab.check.global_rank(global_rank, two_nodes)") == \
         (["global_rank", "two_nodes"], False)
-    assert grade_witness.asked("ddplab.check.mean_score(lab)") == ([], False)
-    assert grade_witness.asked("ddplab.check.who_waited((1, op))") == (["op"], True)
-
-
-def test_the_checkers_use_nothing_of_a_lab_the_witness_lab_lacks():
-    """What a checker calls on a lab (``lab.run``, ``lab.spawn``, ...) the worker's lab has too."""
-    import ast
-
-    from ddplab.course.grade_witness_lab import WitnessLab
-    used = set()
-    for path in (ROOT / "ddplab" / "check").glob("*.py"):
-        used |= {node.attr for node in ast.walk(ast.parse(path.read_text()))
-                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                 and node.value.id == "lab"}
-    assert {"run", "world_size", "spawn", "trace"} <= used
-    assert all(hasattr(WitnessLab, name) for name in used), used
+    assert witness.asked("ddplab.check.mean_score(lab)") == ([], False)
+    assert witness.asked("ddplab.check.who_waited((1, op))") == (["op"], True)
 
 
 def test_the_unpickler_takes_plain_data_and_tensors():
     value = {"ok": True, "events": [("stdout", "hi\n")], "error": None,
              "value": [torch.arange(3.0), collections.OrderedDict(w=torch.ones(2, 2)),
                        torch.float16, torch.Size([2]), {1, 2}, b"x", 1.5, None]}
-    got = grade_unpickle.SafePickle.loads(pickle.dumps(value))
+    got = unpickle.SafePickle.loads(pickle.dumps(value))
     assert got["events"] == value["events"]
     assert torch.equal(got["value"][0], value["value"][0])
     assert torch.equal(got["value"][1]["w"], value["value"][1]["w"])
@@ -96,12 +83,12 @@ class _Gadget:
 
 @pytest.mark.parametrize("value", [_Gadget(), {"value": [_Gadget()]}, print])
 def test_the_unpickler_refuses_anything_else_without_running_it(value):
-    got = grade_unpickle.SafePickle.loads(pickle.dumps(value))
-    assert isinstance(got, grade_unpickle.Refused) and "does not unpickle" in got
+    got = unpickle.SafePickle.loads(pickle.dumps(value))
+    assert isinstance(got, unpickle.Refused) and "does not unpickle" in got
     import builtins
     assert not hasattr(builtins, "ddplab_pwned")
     with pytest.raises(pickle.UnpicklingError):
-        grade_unpickle.SafeUnpickler(io.BytesIO(pickle.dumps(value))).load()
+        unpickle.SafeUnpickler(io.BytesIO(pickle.dumps(value))).load()
 
 
 def _swap(t):
@@ -117,31 +104,31 @@ def _swap(t):
 def test_the_notebooks_code_stays_sealed_and_goes_back_as_the_kernels_bytes():
     """A function (or a gadget) from the kernel is never unpickled in the worker; pickled again,
     it is the kernel's bytes, for the rank to load."""
-    sealed = grade_unpickle.load_name("swap", ("pickle", cloudpickle.dumps(_swap), "_swap"))
-    assert isinstance(sealed, grade_unpickle.Sealed) and sealed.__name__ == "_swap"
+    sealed = unpickle.load_name("swap", ("pickle", cloudpickle.dumps(_swap), "_swap"))
+    assert isinstance(sealed, unpickle.Sealed) and sealed.__name__ == "_swap"
     assert callable(sealed) and repr(sealed) == "<_swap from the notebook>"
     with pytest.raises(TypeError, match="never runs in its own process"):
         sealed(torch.ones(1))
     assert pickle.loads(pickle.dumps(sealed)).__code__.co_name == "_swap"     # on a rank: the code
 
-    gadget = grade_unpickle.load_name("swap", ("pickle", pickle.dumps(_Gadget()), "swap"))
+    gadget = unpickle.load_name("swap", ("pickle", pickle.dumps(_Gadget()), "swap"))
     import builtins
-    assert isinstance(gadget, grade_unpickle.Sealed) and not hasattr(builtins, "ddplab_pwned")
+    assert isinstance(gadget, unpickle.Sealed) and not hasattr(builtins, "ddplab_pwned")
 
 
 def test_plain_answers_load_as_data_and_ddplabs_records_by_their_class():
     from ddplab.launch import Launch
-    assert grade_unpickle.load_name("w", ("pickle", cloudpickle.dumps((1, "recv")), "w")) == (1, "recv")
+    assert unpickle.load_name("w", ("pickle", cloudpickle.dumps((1, "recv")), "w")) == (1, "recv")
     launch = Launch([["torchrun"]], [0], False, "", {}, {0: {"RANK": "0"}})
     fields = {f: getattr(launch, f) for f in Launch.__dataclass_fields__}
-    got = grade_unpickle.load_name("two_nodes", ("record", "ddplab.launch.Launch",
+    got = unpickle.load_name("two_nodes", ("record", "ddplab.launch.Launch",
                                                  cloudpickle.dumps(fields)))
     assert got == launch and type(got) is Launch
     for bad in [("record", "ddplab.trace.Trace", cloudpickle.dumps({})),      # not a record
                 ("record", "ddplab.launch.Launch", cloudpickle.dumps({"output_by_rank": 1})),
                 ("unreadable", "TypeError: cannot pickle '_thread.lock' object"), "nonsense"]:
         with pytest.raises(AssertionError, match="could not read `two_nodes`"):
-            grade_unpickle.load_name("two_nodes", bad)
+            unpickle.load_name("two_nodes", bad)
 
 
 class _Shell:
@@ -154,8 +141,8 @@ def _asked_in_a_kernel(source: str, user_ns: dict) -> dict:
     printed = io.StringIO()
     user_ns["get_ipython"] = lambda: _Shell(user_ns)
     with contextlib.redirect_stdout(printed):
-        exec(grade_witness.ask(source), user_ns)
-    return grade_witness.answer([{"output_type": "stream", "name": "stdout",
+        exec(witness.ask(source), user_ns)
+    return witness.answer([{"output_type": "stream", "name": "stdout",
                                   "text": printed.getvalue()}])
 
 
@@ -165,8 +152,8 @@ def test_the_kernels_answer_carries_the_names_and_its_last_trace(fresh_lab):
         fresh_lab.run(tracing.uneven_work, {0: 0.3, 1: 0.0})
     found = _asked_in_a_kernel("ddplab.check.straggler(answer)", {"answer": 0, "other": 1})
     assert found["where"] == fresh_lab.directory and list(found["names"]) == ["answer"]
-    assert grade_unpickle.load_name("answer", found["names"]["answer"]) == 0
-    copy = grade_unpickle.load_trace(found["trace"])
+    assert unpickle.load_name("answer", found["names"]["answer"]) == 0
+    copy = unpickle.load_trace(found["trace"])
     assert copy.straggler() == tr.straggler() == 0 and copy.ranks == [0, 1]
     assert [vars(e) for e in copy.events] == [vars(e) for e in tr.events]
     assert _asked_in_a_kernel("ddplab.check.mean_score()", {})["trace"] is None
@@ -179,11 +166,11 @@ def test_the_lab_answer_is_read_from_a_line_split_across_messages():
     line = "ddplab-answer: " + base64.b64encode(pickle.dumps(
         {"where": "/tmp/ddplab-x1", "names": {}, "trace": None})).decode() + "\n"
     split = [stream(line[:9]), stream(line[9:30]), stream(line[30:])]
-    assert grade_witness.answer(split)["where"] == "/tmp/ddplab-x1"
+    assert witness.answer(split)["where"] == "/tmp/ddplab-x1"
     gadget = base64.b64encode(pickle.dumps(_Gadget())).decode()
-    assert grade_witness.answer([stream(f"ddplab-answer: {gadget}\n")]) is None
-    assert grade_witness.answer([stream("ddplab-answer: [1]\n"), stream("noise\n")]) is None
-    assert grade_witness.answer([]) is None
+    assert witness.answer([stream(f"ddplab-answer: {gadget}\n")]) is None
+    assert witness.answer([stream("ddplab-answer: [1]\n"), stream("noise\n")]) is None
+    assert witness.answer([]) is None
 
 
 def _where(lab, **names) -> dict:
@@ -215,31 +202,101 @@ def test_a_check_it_runs_reads_the_ranks_whatever_the_kernel_patched(monkeypatch
     try:
         every = torch.arange(1.0, 3.0).sum() + torch.arange(1.0, 5.0).sum()
         lab.run(_set, "mean_score", (every / 6).reshape(1))
-        # the kernel's Lab lies, as a submission's would: the grader does not ask it
-        monkeypatch.setattr(type(lab), "run", lambda self, fn, *a, **k: [torch.tensor([0.0])] * 2)
-        monkeypatch.setattr(serialize, "pickle", grade_unpickle.SafePickle)
-        outputs, error, broke = grade_witness.check("ddplab.check.mean_score()", _where(lab), 60,
+        # the kernel's lab lies, as a submission's would: the grader does not ask it (here the
+        # kernel's lab object; a submission can patch the class too, in its kernel, which is
+        # not the worker's process, so the worker's own Lab is untouched)
+        monkeypatch.setattr(lab, "run", lambda fn, *a, **k: [torch.tensor([0.0])] * 2)
+        monkeypatch.setattr(serialize, "pickle", unpickle.SafePickle)
+        outputs, error, broke = witness.check("ddplab.check.mean_score()", _where(lab), 60,
                                                     str(tmp_path))
         assert error is None and not broke, error
         assert outputs[0]["text"].startswith("Correct: every rank holds the mean of all 6 scores")
         assert current_lab.current_or_none() is lab              # the kernel's lab stays current
 
         monkeypatch.undo()                   # the lab's own run again: leave a wrong answer
-        monkeypatch.setattr(serialize, "pickle", grade_unpickle.SafePickle)
+        monkeypatch.setattr(serialize, "pickle", unpickle.SafePickle)
         lab.run(_set, "mean_score", torch.tensor([0.0]))
-        outputs, error, broke = grade_witness.check("ddplab.check.mean_score()", _where(lab), 60)
+        outputs, error, broke = witness.check("ddplab.check.mean_score()", _where(lab), 60)
         assert error is not None and error[0] == "AssertionError" and "is wrong" in error[1]
 
         monkeypatch.undo()
         lab.run(_plant_gadget)
         same = ddplab.check._core.same
-        monkeypatch.setattr(serialize, "pickle", grade_unpickle.SafePickle)
-        outputs, error, broke = grade_witness.check("ddplab.check.mean_score()", _where(lab), 60)
+        monkeypatch.setattr(serialize, "pickle", unpickle.SafePickle)
+        outputs, error, broke = witness.check("ddplab.check.mean_score()", _where(lab), 60)
         assert error is not None and "does not unpickle" in error[1], error
         assert ddplab.check._core.same is same                   # the gadget never ran
     finally:
         monkeypatch.undo()
         lab.stop()
+
+
+def _say_rank(greeting):
+    import torch.distributed as dist
+    print(f"{greeting} from rank {dist.get_rank()}")
+    return dist.get_rank()
+
+
+def _fail_on_rank_1():
+    import torch.distributed as dist
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 says no")
+    return "fine"
+
+
+def _spawned(rank, base):
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.tensor([base + rank])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return (rank, t.item())
+
+
+@pytest.mark.timeout(300)
+def test_the_grader_drives_the_ranks_through_a_plain_lab_that_never_owns_them(capsys):
+    """``attach``: a ``Lab`` over the live engines of a lab someone else started, numbered by
+    rank; run, output, errors, spawn and trace as on any lab; it forms no group, starts and
+    stops no process."""
+    from ddplab import trace as tracing
+    from ddplab.errors import RankError
+    from ddplab.lab import attached
+    from ddplab.lab.lab import Lab
+    lab = ddplab.start(world_size=2, timeout=120)
+    pids = lab.pids
+    try:
+        mine = attached.attach(lab.directory, 60)
+        try:
+            assert type(mine) is Lab and isinstance(mine.engines, attached.AttachedRanks)
+            assert (mine.world_size, mine.ranks, mine.running) == (2, [0, 1], True)
+            capsys.readouterr()
+            assert mine.run(_say_rank, "hello") == [0, 1]                  # results by rank
+            assert mine.run(_say_rank, "hi", ranks=[1]) == {1: 1}
+            assert capsys.readouterr().out == ("[rank 0]\nhello from rank 0\n[rank 1]\nhello from "
+                                               "rank 1\n[rank 1]\nhi from rank 1\n")
+            with pytest.raises(RankError, match="rank 1 says no") as raised:
+                mine.run(_fail_on_rank_1)
+            assert raised.value.failures.keys() == {1}
+            assert mine.spawn(_spawned, args=(10,)) == [(0, 21), (1, 21)]   # its own group, aside
+            with mine.trace() as tr:
+                mine.run(tracing.uneven_work, {0: 0.0, 1: 0.3})
+            assert tr.straggler() == 1 and tracing.last() is tr
+        finally:
+            mine.stop()
+        assert not mine.running
+        # The lab it attached to is untouched: same processes, its group still formed.
+        assert lab.pids == pids and all(procs.alive(procs.process(pid)) for pid in pids)
+        assert lab.healthy and lab.run(_say_rank, "again") == [0, 1]
+    finally:
+        lab.stop()
+
+
+@pytest.mark.timeout(300)
+def test_attaching_where_there_is_no_lab_says_so(tmp_path):
+    from ddplab.lab import attached
+    with pytest.raises(AssertionError, match="found no running lab"):
+        attached.attach(str(tmp_path), 10)
 
 
 @pytest.mark.timeout(300)
@@ -256,8 +313,8 @@ def test_a_check_right_after_a_restart_reads_the_new_ranks(monkeypatch, tmp_path
         lab.restart()
         every = torch.arange(1.0, 3.0).sum() + torch.arange(1.0, 5.0).sum()
         lab.run(_set, "mean_score", (every / 6).reshape(1))
-        monkeypatch.setattr(serialize, "pickle", grade_unpickle.SafePickle)
-        outputs, error, broke = grade_witness.check("ddplab.check.mean_score()", _where(lab), 60,
+        monkeypatch.setattr(serialize, "pickle", unpickle.SafePickle)
+        outputs, error, broke = witness.check("ddplab.check.mean_score()", _where(lab), 60,
                                                     str(tmp_path))
         assert error is None and not broke, error
         assert outputs[0]["text"].startswith("Correct: every rank holds the mean of all 6 scores")
@@ -300,12 +357,12 @@ def test_a_check_given_the_notebooks_function_runs_it_on_the_ranks_only(monkeypa
     import ipyparallel.serialize.serialize as serialize
 
     from ddplab import trace as tracing
-    from ddplab.course.grade_witness_lab import WitnessLab
+    from ddplab.lab import attached as attaching
     lab = ddplab.start(world_size=2, timeout=120)
     try:
-        monkeypatch.setattr(type(lab), "run", lambda self, fn, *a, **k: [torch.tensor([0.0])] * 2)
-        monkeypatch.setattr(serialize, "pickle", grade_unpickle.SafePickle)
-        run = lambda source, **names: grade_witness.check(source, _where(lab, **names), 60)  # noqa: E731
+        monkeypatch.setattr(lab, "run", lambda fn, *a, **k: [torch.tensor([0.0])] * 2)
+        monkeypatch.setattr(serialize, "pickle", unpickle.SafePickle)
+        run = lambda source, **names: witness.check(source, _where(lab, **names), 60)  # noqa: E731
         outputs, error, broke = run("ddplab.check.swap_tensors(swap)", swap=_notebook(SWAP, "swap"))
         assert error is None and not broke, error
         assert outputs[0]["text"] == "Correct: each rank returned the other rank's tensor and kept its own.\n"
@@ -314,13 +371,13 @@ def test_a_check_given_the_notebooks_function_runs_it_on_the_ranks_only(monkeypa
         outputs, error, _ = run("ddplab.check.own_group_demo(demo)", demo=_notebook(DEMO, "all_reduce_demo"))
         assert error is None and outputs[0]["text"].startswith("Correct: lab.spawn ran your function"), error
 
-        witness = WitnessLab(lab.directory, 60)
+        attached = attaching.attach(lab.directory, 60)
         try:
-            with witness.trace() as tr:
-                witness.run(tracing.uneven_work, {0: 0.0, 1: 0.3})
+            with attached.trace() as tr:
+                attached.run(tracing.uneven_work, {0: 0.0, 1: 0.3})
             assert tr.straggler() == 1 and tracing.last() is tr
         finally:
-            witness.close()
+            attached.stop()
     finally:
         monkeypatch.undo()
         lab.stop()
@@ -332,7 +389,7 @@ def test_a_check_cell_it_cannot_run_itself_runs_in_the_kernel_and_the_grader_say
     """An instructor's own ``assert`` runs guarded in the kernel (forgeable): a warning names it."""
     from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-    from ddplab.course.grade import grade
+    from ddplab.grade.class_run import grade
     nb = new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [new_code_cell("### BEGIN SOLUTION\nx = 3\n### END SOLUTION", id="exercise-x",
@@ -348,7 +405,7 @@ def test_a_check_cell_it_cannot_run_itself_runs_in_the_kernel_and_the_grader_say
         (tmp_path / student).mkdir()
         nb.cells[0].source = answer
         nbformat.write(nb, tmp_path / student / "00_x.ipynb")
-    with caplog.at_level("WARNING", logger="ddplab.course.grade"):
+    with caplog.at_level("WARNING", logger="ddplab.grade.class_run"):
         graded = {g.student: g.score for g in grade([tmp_path / "right", tmp_path / "wrong"],
                                                     reference, jobs=2, cell_timeout=120)}
     assert graded == {"right": 1, "wrong": 0}

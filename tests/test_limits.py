@@ -127,7 +127,7 @@ def test_a_lab_larger_than_the_users_cgroup_is_refused_at_once_naming_the_limit(
 def test_grade_jobs_follow_the_affinity():
     """`ddplab grade`'s default --jobs counts the CPUs the grader may use, not the host's."""
     code = ("import os; os.sched_setaffinity(0, {0}); "
-            "from ddplab.course.grade import default_jobs; print(default_jobs(available=2**50))")
+            "from ddplab.grade.class_run import default_jobs; print(default_jobs(available=2**50))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert out.strip() == "4"                  # four per core, one core
@@ -142,7 +142,7 @@ def test_grade_jobs_follow_the_users_cgroup_memory():
     try:
         v1 = (group / "memory.limit_in_bytes").exists()
         (group / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(5 * 2**30))
-        code = "from ddplab.course.grade import default_jobs; print(default_jobs(cores=64))"
+        code = "from ddplab.grade.class_run import default_jobs; print(default_jobs(cores=64))"
         result = subprocess.run(
             ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$0" -c "$1"', sys.executable,
              code], capture_output=True, text=True, timeout=120)

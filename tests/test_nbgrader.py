@@ -18,7 +18,7 @@ release``'s. One ``autograde`` run then grades, in order:
 Beside it, ``ddplab grade`` also makes the whole course's round trip through
 ddplab's own grader: every reference notebook must earn full marks and its
 ``ddplab release`` copy none. ddplab's grader runs some checks itself against
-the ranks (``grade_witness``), so it can fail where nbgrader passes: notebook
+the ranks (``ddplab.grade.witness``), so it can fail where nbgrader passes: notebook
 09's reference once lost two checks that come right after a ``lab.restart()``.
 
 nbgrader executes each notebook in a kernel, as ``ddplab grade`` does; a lab
@@ -40,8 +40,8 @@ from sections import failures, restart_points, with_restarts
 from test_grade import EXERCISES, _cell, _replace, _solutions_into_stubs
 
 from ddplab import procs
-from ddplab.course.grade import grade
 from ddplab.course.release import release_notebook
+from ddplab.grade.class_run import grade
 
 # nbgrader itself: minutes.
 pytestmark = [pytest.mark.slow, pytest.mark.course]

@@ -169,7 +169,7 @@ def attached_lab(tmp_path_factory):
     url_file = f"{work}/security/ipcontroller-attached-client.json"
     spec = LabSpec(world_size=2, backend="gloo", timeout=120, grace=2.0, pg_timeout=120,
                    debug=False)
-    lab = Lab(spec, ranks=HostRanks(spec, connect=lambda: ipp.Client(url_file, timeout=120)))
+    lab = Lab(spec, engines=HostRanks(spec, connect=lambda: ipp.Client(url_file, timeout=120)))
     try:
         deadline = time.monotonic() + 120
         while not os.path.exists(url_file):

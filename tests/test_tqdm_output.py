@@ -45,7 +45,7 @@ for _ in tqdm(range(20)):
 def test_a_default_tqdm_bar_is_stored_the_same_every_run(fresh_lab, capsys):
     """tqdm's default format ends in this run's timings ("[00:01<00:00, 19.5it/s]"): nbval's sanitize
     file replaces them, so the stored output is the bar's final state and nothing that varies."""
-    from ddplab.course.grade_run import sanitize, sanitize_patterns
+    from ddplab.grade.compare import sanitize, sanitize_patterns
     fresh_lab.run_cell(DEFAULT_BAR)
     out = sanitize(capsys.readouterr().out, sanitize_patterns())
     assert out.count("100%|██████████| 20/20 [TIME]") == 2, out

@@ -250,7 +250,7 @@ def test_the_picture_has_a_lane_per_rank_arrows_hatching_and_hover(fresh_lab):
     assert 'marker-end="url(#ddplab-arrow)"' in page          # send -> recv
     assert 'fill="url(#ddplab-wait)"' in page                  # waiting, hatched
     assert "<title>rank 0: send to 1 (16 B)" in page and "waiting for another rank" in page
-    from ddplab.course.grade_run import sanitize, sanitize_patterns
+    from ddplab.grade.compare import sanitize, sanitize_patterns
     assert sanitize(page, sanitize_patterns()) == "<!-- ddplab-trace -->"
 
 

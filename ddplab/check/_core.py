@@ -77,7 +77,7 @@ def answers_of(fn: Callable, calls: list[tuple], lab: Any = None) -> list[tuple]
     For an exercise that is a plain function (``physical_gpu``, ``zero_bytes``):
     run where the student's code runs, on a rank, so that a grader can check it
     without ever running the student's code in its own process
-    (``ddplab.course.grade_witness``). With no lab running, here. Each answer is
+    (``ddplab.grade.witness``). With no lab running, here. Each answer is
     ``("ok", value)`` or ``("raised", exception name, message)``.
     """
     from ddplab.lab.current_lab import current_or_none

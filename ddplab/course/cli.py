@@ -128,8 +128,9 @@ def release(args) -> int:
 
 def grade(args) -> int:
     """Grade, print the table, write CSV/JUnit; exit 0 if every exercise passed, else 1."""
-    from ddplab.course import outputs, report
-    from ddplab.course.grade import DEFAULT_CELL_TIMEOUT, GradeError, grade as run
+    from ddplab.grade import report
+    from ddplab.grade.class_run import DEFAULT_CELL_TIMEOUT, GradeError, grade as run
+    from ddplab.grade.journal import journal_for, positive, writable, write_atomically
 
     def progress(g) -> None:
         done = g.error or f"{g.score}/{len(g.marks)} in {g.seconds:.0f} s"
@@ -140,18 +141,18 @@ def grade(args) -> int:
         args.reference = str(reference_dir())
     try:
         # Every mistake in the command line is found now, not after the class was graded.
-        timeout = outputs.positive("--cell-timeout", args.cell_timeout, DEFAULT_CELL_TIMEOUT,
-                                   f"the default, {DEFAULT_CELL_TIMEOUT:g} s")
-        jobs = outputs.positive("--jobs", args.jobs, None, "four per core, as memory allows")
+        timeout = positive("--cell-timeout", args.cell_timeout, DEFAULT_CELL_TIMEOUT,
+                           f"the default, {DEFAULT_CELL_TIMEOUT:g} s")
+        jobs = positive("--jobs", args.jobs, None, "four per core, as memory allows")
         inputs = [*args.submissions, args.reference]
-        targets = [outputs.writable(option, path, inputs)
+        targets = [writable(option, path, inputs)
                    for option, path in (("--csv", args.csv), ("--junit", args.junit)) if path]
-        journal = outputs.journal_for(targets, resume=args.resume)
+        journal = journal_for(targets, resume=args.resume)
     except (GradeError, FileNotFoundError) as e:   # ordinary mistakes: one line, exit 2
         print(e, file=sys.stderr)
         return 2
     from ddplab import procs
-    from ddplab.course import sandbox
+    from ddplab.grade import sandbox
     # Whatever a worker leaves when a submission kills it comes to us, not to
     # init, and is ended before we exit.
     procs.become_subreaper()
@@ -170,9 +171,9 @@ def grade(args) -> int:
     took = time.perf_counter() - begin
     print(f"\n{len(grades)} {plural(len(grades), 'submission')} graded in {took:.0f} s")
     if args.csv:
-        outputs.write_atomically(args.csv, report.to_csv(grades))
+        write_atomically(args.csv, report.to_csv(grades))
     if args.junit:
-        outputs.write_atomically(args.junit, report.to_junit(grades))
+        write_atomically(args.junit, report.to_junit(grades))
     if journal is not None:
         journal.finish()
     procs.end_descendants(grace=1)

@@ -31,6 +31,7 @@ from pathlib import Path
 import nbformat
 
 from ..errors import ReleaseError
+from ..grade.plan import notebooks_in
 from ..hints import BEGIN, END
 
 STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
@@ -96,23 +97,6 @@ def read_notebook(path: Path, error: type[Exception]):
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise error(f"ddplab: {path} is not a readable notebook ({reason[:120]}). Fix or "
                     f"replace the file (re-save it from Jupyter, or restore it from git).") from e
-
-
-def notebooks_in(paths: list[str | Path]) -> list[Path]:
-    """The ``.ipynb`` files named, and those inside named folders (sorted, no checkpoints)."""
-    found: list[Path] = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            found += sorted(p for p in path.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
-        elif path.suffix == ".ipynb" and path.is_file():
-            found.append(path)
-        elif not path.exists():
-            raise FileNotFoundError(f"ddplab: {path} does not exist. Check the path, and name "
-                                    f"notebooks (.ipynb) or folders that hold them.")
-        else:
-            raise FileNotFoundError(f"ddplab: {path} is neither a notebook (.ipynb) nor a folder. "
-                                    f"Name notebooks or folders that hold them.")
-    return found
 
 
 def _refuse_overwriting_sources(sources: list[Path], out_dir: Path) -> None:

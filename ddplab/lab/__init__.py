@@ -63,6 +63,8 @@ Where things are
   ``LabSpec`` and the heartbeat setting; ``local``: ``LocalRanks``, engines on this
   machine; ``hosts``: ``HostRanks``, engines on several hosts (``hosts.ranks``), and
   starting and stopping those engines (``hosts.launch``, with ``hosts.ssh`` and ``hosts.batch``).
+- ``attached``: ``AttachedRanks``, the live engines of a lab another process started,
+  never started, stopped or regrouped; ``attach`` makes a ``Lab`` over them (the grader's).
 - ``owncode``: ``lab.spawn`` and ``lab.run_script``, for code that makes its own group.
 - ``calls``: calls sent to the ranks and how they ended (results, errors, hangs,
   cells left running, late output, interrupts); ``fanout``: one call to many engines.

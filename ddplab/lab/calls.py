@@ -51,8 +51,8 @@ class Task:
 class Calls:
     """The calls a lab sent to its ranks; see this module's docstring."""
 
-    def __init__(self, ranks: Ranks, *, bare: bool = False) -> None:
-        self.ranks = ranks
+    def __init__(self, engines: Ranks, *, bare: bool = False) -> None:
+        self.engines = engines         # the processes of the ranks (``lab.engines``)
         self.bare = bare               # ranks that join a group themselves (init_method=None)
         self.pending: list[Task] = []  # %%rank cells left running after their grace
         self.broken = ""               # why the lab needs a restart, if it does
@@ -61,7 +61,7 @@ class Calls:
     # ------------------------------------------------------------- sending
     def submit(self, ranks: list[int], fn: Callable, *args: Any) -> list[Task]:
         """``fn(*args)`` on each of ``ranks``, not waited for: one ``Task`` per rank."""
-        return [Task(rank, result) for rank, result in zip(ranks, self.ranks.apply(ranks, fn, *args))]
+        return [Task(rank, result) for rank, result in zip(ranks, self.engines.apply(ranks, fn, *args))]
 
     def call(self, rank: int, fn: Callable, *args: Any) -> Task:
         """``fn(*args)`` on one rank, not waited for."""
@@ -76,13 +76,13 @@ class Calls:
 
     def check_alive(self, wait: float = 0.0) -> None:
         """Raise ``EngineDiedError`` naming the ranks whose engine is gone."""
-        loss = self.ranks.lost(wait)
+        loss = self.engines.lost(wait)
         if loss is not None:
             raise self.died(loss)
 
     def ensure_usable(self) -> None:
         """Raise ``DdplabError`` saying how to recover if the lab is stopped or broken."""
-        if not self.ranks.running:
+        if not self.engines.running:
             raise DdplabError("ddplab: this lab is stopped. Start one with "
                               "lab = ddplab.start(...) or call lab.restart().")
         if self.broken:
@@ -95,11 +95,21 @@ class Calls:
         After a rank failed while others waited for it, the lab is broken but
         the failed rank is idle: a post-mortem on it (``lab.debug()``) still works.
         """
-        if self.broken == STUCK_AFTER_FAILURE and rank in self.failed and self.ranks.running:
+        if self.broken == STUCK_AFTER_FAILURE and rank in self.failed and self.engines.running:
             self.check_alive()
             return True
         self.ensure_usable()
         return False
+
+    def broken_reason(self) -> str:
+        """Why the lab needs ``restart()`` (a hang, a rank stuck after a failure, a lost
+        engine), or ``""`` while it is usable or stopped."""
+        if self.engines.running and not self.broken:
+            try:
+                self.check_alive()
+            except EngineDiedError:
+                pass                      # check_alive recorded why
+        return self.broken if self.engines.running else ""
 
     def forget(self) -> None:
         """The ranks were replaced: nothing is pending, nothing is broken, no error to debug."""
@@ -148,7 +158,7 @@ class Calls:
                 f"cell's error, not this cell's):\n{error}" for rank, error in sorted(late.items())))
         joining = self._joining(still)
         if joining:
-            display.say(diagnose.joining_message(joining, self.ranks.world_size))
+            display.say(diagnose.joining_message(joining, self.engines.world_size))
         elif still:
             self._say_still_running(still)
         if failures:
@@ -172,7 +182,7 @@ class Calls:
         failed_at = None
         board = bars.ProgressBars()              # live bars, once a rank calls progress.report
         areas = live.Board()                     # live output, once a rank prints
-        prompts = debugger.Prompter(self.ranks.directory)   # a rank's pdb prompts, if any
+        prompts = debugger.Prompter(self.engines.directory)   # a rank's pdb prompts, if any
         mark = time.monotonic()
         try:
             while True:
@@ -217,7 +227,7 @@ class Calls:
     def _interrupt(self, tasks: list[Task]) -> None:
         """Kernel > Interrupt: pass SIGINT on to the ranks still running."""
         running = [t for t in tasks if not t.result.ready()]
-        self.ranks.interrupt([t.rank for t in running])
+        self.engines.interrupt([t.rank for t in running])
         deadline = time.monotonic() + 3
         for task in running:
             while not task.result.ready() and time.monotonic() < deadline:
@@ -250,7 +260,7 @@ class Calls:
         return failures
 
     def _locate(self, tasks: list[Task], seconds: float) -> tuple[dict, dict]:
-        return self.ranks.locate(sorted({t.rank for t in tasks}), time.monotonic() + seconds)
+        return self.engines.locate(sorted({t.rank for t in tasks}), time.monotonic() + seconds)
 
     def _joining(self, still: list[Task]) -> list[int]:
         """On bare ranks: the still-running ranks, if every one waits in init_process_group."""
@@ -264,7 +274,7 @@ class Calls:
     def _say_still_running(self, still: list[Task]) -> None:
         """Say which ranks a cell left running, and whether each waits for another rank."""
         ranks = sorted({t.rank for t in still})
-        frames = self.ranks.frames(ranks, time.monotonic() + 4)
+        frames = self.engines.frames(ranks, time.monotonic() + 4)
         doing = {rank: diagnose.activity(frames.get(rank, [])) for rank in ranks}
         waiting = [rank for rank in ranks if doing[rank][0]]
         tail = ("It keeps running; its output appears when a later ddplab cell finishes, "
@@ -289,7 +299,7 @@ class Calls:
         display.say("\n".join(lines))
 
     def _stuck_after_failure(self, failures: dict[int, str], still: list[Task]) -> RankError:
-        loss = self.ranks.confirm_loss(failures)
+        loss = self.engines.confirm_loss(failures)
         if loss is not None:
             raise self.died(loss)
         where = self._locate(still, 4)[0]
@@ -310,9 +320,9 @@ class Calls:
         for rank, state in states.items():
             lines.append(f"  rank {rank}: " + (f"still {where[rank]}" if rank in where else state))
         if any(diagnose.waiting_to_join(w) for w in where.values()):
-            lines.append(diagnose.join_hint(self.ranks.world_size))
-        collectives = self.ranks.collectives(list(range(self.ranks.world_size)),
-                                             time.monotonic() + 2)
+            lines.append(diagnose.join_hint(self.engines.world_size))
+        collectives = self.engines.collectives(list(range(self.engines.world_size)),
+                                               time.monotonic() + 2)
         lines += flight.report(collectives)
         hint = diagnose.deadlock_hint(states, where, stacks)
         if hint:

@@ -4,7 +4,8 @@ The lab's lifecycle and failure modes are described in ``ddplab.lab`` (the
 package docstring). A ``Lab`` is composed of two parts and never subclassed:
 
 - a ``Ranks`` (``ddplab.lab.ranks``): the processes, on this machine
-  (``LocalRanks``) or on several hosts (``HostRanks``);
+  (``LocalRanks``), on several hosts (``HostRanks``), or another's lab
+  attached to (``AttachedRanks``, the grader's);
 - a ``Calls`` (``ddplab.lab.calls``): what was sent to the ranks and how it ended.
 
 ``Lab`` itself checks arguments, keeps the lab's lifecycle (start, restart,
@@ -18,12 +19,12 @@ from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 from ..env import check_timeout
-from ..errors import ConfigError, EngineDiedError
+from ..errors import ConfigError
 from ..rank import engine
 from . import current_lab, owncode, template
 from .calls import Calls, Task
 from .local import LocalRanks
-from .ranks import LabSpec, Ranks
+from .ranks import Joins, LabSpec, Ranks
 
 __all__ = ["Lab", "LabSpec", "Task"]
 
@@ -31,19 +32,19 @@ __all__ = ["Lab", "LabSpec", "Task"]
 class Lab:
     """A running group of ranks. Make one with ``ddplab.start`` (or ``ddplab.attach``).
 
-    ``Lab(spec, gpus)`` runs the ranks on this machine; ``Lab(spec, ranks=...)``
+    ``Lab(spec, gpus)`` runs the ranks on this machine; ``Lab(spec, engines=...)``
     runs them wherever that ``Ranks`` puts them.
     """
 
-    def __init__(self, spec: LabSpec, gpus: int = 0, *, ranks: Ranks | None = None) -> None:
+    def __init__(self, spec: LabSpec, gpus: int = 0, *, engines: Ranks | None = None) -> None:
         self.spec = spec
-        self._ranks: Ranks = LocalRanks(spec, gpus) if ranks is None else ranks
-        self._calls = Calls(self._ranks, bare=spec.init_method is None)
+        self._engines: Ranks = LocalRanks(spec, gpus) if engines is None else engines
+        self._calls = Calls(self._engines, bare=spec.init_method is None)
 
     # ------------------------------------------------------------- state
     @property
     def world_size(self) -> int:
-        return self._ranks.world_size
+        return self._engines.world_size
 
     @property
     def ranks(self) -> list[int]:
@@ -52,48 +53,49 @@ class Lab:
 
     @property
     def backend(self) -> str:
-        return self._ranks.backend
+        return self._engines.backend
 
     @property
     def backend_reason(self) -> str:
         """The backend and why it was chosen, e.g. ``"gloo (no GPU here)"``."""
-        return self._ranks.backend_reason
+        return self._engines.backend_reason
 
     @property
     def running(self) -> bool:
-        return self._ranks.running
+        return self._engines.running
 
     @property
     def pids(self) -> list[int]:
         """The engine process ids, indexed by rank (for tests and tools, not for output)."""
-        return self._ranks.pids
+        return self._engines.pids
 
     @property
     def directory(self) -> str:
         """The lab's owner-only (0700) directory: connection files, store, stack files.
         ``""`` once stopped (it is removed)."""
-        return self._ranks.directory
+        return self._engines.directory
 
     @property
     def controller_pid(self) -> int | None:
         """The pid of the ipyparallel controller this lab started here, if it did."""
-        return self._ranks.controller_pid
+        return self._engines.controller_pid
 
     @property
     def hosts(self) -> list[dict]:
         """One entry per host, in node-rank order: ``node_rank``, ``address``, ``hostname``, ``ranks``."""
-        return self._ranks.hosts
+        return self._engines.hosts
 
     @property
     def store_path(self) -> str:
         """The file of the default rendezvous' FileStore, in the lab's 0700 directory: the
         latest group's (``""`` before any, and on multi-host labs); removed by ``stop()``."""
-        return getattr(self._ranks, "store_path", "")
+        return getattr(self._engines, "store_path", "")
 
     @property
     def engines(self) -> Ranks:
-        """The processes of the ranks: a ``LocalRanks`` or ``HostRanks`` (for tools and tests)."""
-        return self._ranks
+        """The processes of the ranks: a ``LocalRanks``, ``HostRanks`` or ``AttachedRanks``
+        (for tools and tests)."""
+        return self._engines
 
     @property
     def calls(self) -> Calls:
@@ -105,12 +107,7 @@ class Lab:
     def broken_reason(self) -> str:
         """Why this lab needs ``restart()`` (a hang, a rank stuck after a failure, a lost
         engine), or ``""`` while it is usable or stopped."""
-        if self.running and not self._calls.broken:
-            try:
-                self._calls.check_alive()
-            except EngineDiedError:
-                pass                      # check_alive recorded why
-        return self._calls.broken if self.running else ""
+        return self._calls.broken_reason()
 
     @property
     def healthy(self) -> bool:
@@ -119,7 +116,7 @@ class Lab:
 
     def describe(self) -> str:
         """One line: how many ranks, where, which backend (what ``start`` prints)."""
-        return self._ranks.describe()
+        return self._engines.describe()
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> "Lab":
@@ -128,12 +125,13 @@ class Lab:
         # behind; _teardown unregisters this again, so restarts do not pile them up.
         atexit.register(self._teardown)
         try:
-            self._ranks.bring_up(self._calls)
+            self._form(self._engines.bring_up())
+            self._engines.formed()
         except BaseException:
             self._teardown()
             raise
-        if self.spec.world_size != self._ranks.world_size:    # attach: every engine there
-            self.spec = replace(self.spec, world_size=self._ranks.world_size)
+        if self.spec.world_size != self._engines.world_size:    # attach: every engine there
+            self.spec = replace(self.spec, world_size=self._engines.world_size)
         self._exit_first()
         self._calls.forget()
         return self
@@ -156,7 +154,7 @@ class Lab:
     def _teardown(self) -> None:
         """End every process this lab started and remove its files (even if ending one failed)."""
         try:
-            self._ranks.shut_down()
+            self._engines.shut_down()
         finally:
             self._calls.forget()
             atexit.unregister(self._teardown)
@@ -183,7 +181,9 @@ class Lab:
         if self.running:
             self._calls.forget()
             try:
-                if self._ranks.replace(self._calls):
+                joins = self._engines.replace()
+                if joins is not None:
+                    self._form(joins)
                     self._exit_first()       # a template started anew registered its own handler
                     self._calls.forget()
                     return self
@@ -194,6 +194,14 @@ class Lab:
         self.start()
         current_lab.offer(self)
         return self
+
+    def _form(self, joins: Joins) -> None:
+        """Form the group: each rank's ``join_group``, sent and waited for as any call, so a
+        rank that fails or hangs while joining is reported like a cell's."""
+        if joins:
+            tasks = [self._calls.call(rank, engine.call, engine.join_group, args, {})
+                     for rank, args in sorted(joins.items())]
+            self._calls.await_join(tasks, self.spec.timeout)
 
     def __enter__(self) -> "Lab":
         return self
@@ -311,7 +319,8 @@ class Lab:
         group is set aside while it runs and is back afterwards. Returns the results,
         a list indexed by rank. ``nprocs`` (if given) must be the lab's world_size.
         """
-        return owncode.spawn(self, fn, args, timeout, nprocs=nprocs, join=join)
+        return owncode.spawn(self._calls, fn, args, self._timeout(timeout), nprocs=nprocs,
+                             join=join)
 
     def run_script(self, path: str, *argv: Any, timeout: float | None = None) -> None:
         """Run a Python script as ``__main__`` on every rank, as ``torchrun`` would.
@@ -321,4 +330,4 @@ class Lab:
         *argv]``; the lab's group is set aside while it runs. Output comes back by rank;
         the script's globals stay in each rank's namespace (``%%ranks`` can look at them).
         """
-        owncode.run_script(self, path, argv, timeout)
+        owncode.run_script(self._calls, path, argv, self._timeout(timeout))

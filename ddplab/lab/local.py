@@ -30,7 +30,7 @@ from ..errors import EngineDiedError
 from ..rank import engine
 from ..text import plural
 from . import diagnose, flight, template
-from .ranks import EngineSet, LabSpec, Loss, heartbeat_args
+from .ranks import EngineSet, Joins, LabSpec, Loss, heartbeat_args
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,8 @@ class LocalRanks:
                 f"lab's private folder either way).")
 
     # ------------------------------------------------------------- forming
-    def bring_up(self, calls: Any) -> None:
-        """Start the controller and the engines, and form the process group."""
+    def bring_up(self) -> Joins:
+        """Start the controller and the engines; the joins that form the process group."""
         self.directory = tempfile.mkdtemp(prefix="ddplab-")   # mode 0700: only we can read it
         self.running = True
         n = self.spec.world_size
@@ -131,7 +131,9 @@ class LocalRanks:
         client.wait_for_engines(n, timeout=cluster.engine_timeout, interactive=False)
         self.engine_set = EngineSet(client, sorted(client.ids)[:n])
         self.network_shared_because = template.network_shared_because()
-        self._join_group(calls)
+        return self._joins()
+
+    def formed(self) -> None:
         # What a forked rank costs of its own, for the next lab's memory check (ms).
         note_rank_memory(self._pids)
 
@@ -173,7 +175,7 @@ class LocalRanks:
         config.LocalEngineSetLauncher.environment = engine_env
         return cluster
 
-    def _join_group(self, calls: Any) -> None:
+    def _joins(self) -> Joins:
         n, timeout = self.spec.world_size, self.spec.timeout
         kernel_path = [p for p in sys.path if p]
         if self.spec.init_method is None:
@@ -187,7 +189,7 @@ class LocalRanks:
                                            kernel_path, dict(names, rank=rank))[0]
                        for rank in range(n)]
             self._note_pids([r.get(timeout) for r in results])
-            return
+            return {}
         self._note_pids([r.get(timeout) for r in self.engine_set.apply(list(range(n)), engine.pid)])
         method, url, store_path, port = self.spec.init_method, None, None, 0
         # A fresh file for every group (named by the group's number): one left
@@ -204,15 +206,14 @@ class LocalRanks:
         else:
             self._groups += 1
             url = "file://" + os.path.join(self.directory, f"init-file-{self._groups}")
-        tasks = []
+        joins = {}
         for rank in range(n):
             env = worker_env(rank, n, HOST, port)
             if method in ("store", "file"):   # nobody listens anywhere: say so by leaving them out
                 del env["MASTER_ADDR"], env["MASTER_PORT"]
-            args = (rank, n, env, self.backend, self.spec.pg_timeout, self._stack_file(rank),
-                    kernel_path, url, store_path)
-            tasks.append(calls.call(rank, engine.call, engine.join_group, args, {}))
-        calls.await_join(tasks, timeout)
+            joins[rank] = (rank, n, env, self.backend, self.spec.pg_timeout,
+                           self._stack_file(rank), kernel_path, url, store_path)
+        return joins
 
     def _note_pids(self, pids: list[int]) -> None:
         self._pids = pids
@@ -272,16 +273,16 @@ class LocalRanks:
             procs.send(self._handles[rank], signal.SIGINT)
 
     # ------------------------------------------------------------- replacing, ending
-    def replace(self, calls: Any) -> bool:
-        """Kill every engine, start new ones on the same controller, form a new group.
+    def replace(self) -> Joins | None:
+        """Kill every engine, start new ones on the same controller; the joins of a new group.
 
         The controller holds no rank state, and starting one is half of a
-        restart, so it stays. False (nothing done) when the controller is gone.
+        restart, so it stays. None (nothing done) when the controller is gone.
         """
         controller = self._cluster.controller if self._cluster is not None else None
         if self.engine_set is None or controller is None or \
                 not procs.alive(_local_process(controller)):
-            return False
+            return None
         cluster, n, client = self._cluster, self.spec.world_size, self.engine_set.client
         old_ids = set(client.ids)
         self._kill_engines(cluster)
@@ -299,8 +300,7 @@ class LocalRanks:
                                       f"within {cluster.engine_timeout} s.", [])
             time.sleep(0.01)
         self.engine_set = EngineSet(client, sorted(new)[:n])
-        self._join_group(calls)
-        return True
+        return self._joins()
 
     def _kill_engines(self, cluster: Any) -> None:
         """End every engine and what it started, at once."""

@@ -7,12 +7,16 @@ and calls ``setup()`` (``init_process_group``) and ``cleanup()``
 ``RANK``, ``WORLD_SIZE``, ... and calls ``init_process_group()``. Both run
 unchanged on a lab's ranks:
 
-- ``spawn(lab, fn, args)``: ``fn(rank, *args)`` on every rank, the results by
+- ``spawn(calls, fn, args)``: ``fn(rank, *args)`` on every rank, the results by
   rank (``torch.multiprocessing.spawn``'s contract, with the lab's ranks as
   the processes). ``MASTER_ADDR``/``MASTER_PORT`` name the run's store, for
   code that does not set its own; code that does meets there all the same.
-- ``run_script(lab, path, argv)``: the file as ``__main__`` on every rank,
+- ``run_script(calls, path, argv)``: the file as ``__main__`` on every rank,
   with the environment torchrun gives a worker.
+
+Both take the lab's ``Calls`` (what they send, and its ``engines``: the world
+size and the hosts), never the ``Lab``; ``Lab.spawn`` and ``Lab.run_script``
+pass it with the timeout resolved.
 
 Either way the ranks meet at a fresh store rank 0 holds for the run, as
 torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE``), whatever port the
@@ -28,19 +32,16 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from ..env import check_timeout
 from ..errors import ConfigError, DdplabError
 from ..rank import engine, owngroup
-
-if TYPE_CHECKING:
-    from .lab import Lab
+from .calls import Calls
 
 log = logging.getLogger(__name__)
 
 
-def spawn(lab: "Lab", fn: Callable, args: tuple = (), timeout: float | None = None,
+def spawn(calls: Calls, fn: Callable, args: tuple, timeout: float,
           nprocs: int | None = None, join: bool = True) -> list[Any]:
     """``fn(rank, *args)`` on every rank with the lab's group set aside; results by rank."""
     if not callable(fn):
@@ -51,32 +52,31 @@ def spawn(lab: "Lab", fn: Callable, args: tuple = (), timeout: float | None = No
         raise ConfigError(f"ddplab: lab.spawn's args must be a tuple, as for "
                           f"torch.multiprocessing.spawn, but got {type(args).__name__} {args!r}. "
                           f"Write args=({args!r},) for one argument.")
-    if nprocs is not None and nprocs != lab.world_size:
+    world_size = calls.engines.world_size
+    if nprocs is not None and nprocs != world_size:
         raise ConfigError(f"ddplab: lab.spawn(nprocs={nprocs!r}) asks for {nprocs} processes, but "
-                          f"this lab has world_size={lab.world_size} ranks, and they are the "
+                          f"this lab has world_size={world_size} ranks, and they are the "
                           f"processes. Leave nprocs out, or start a lab with "
                           f"ddplab.start(world_size={nprocs}).")
     if not join:
         raise ConfigError("ddplab: lab.spawn(join=False) is not supported: lab.spawn waits for "
                           "the ranks and returns their results. Leave join out.")
-    timeout = _timeout(lab, timeout)
-    lab.ensure_usable()
-    host, port = _open_store(lab, timeout)
+    calls.ensure_usable()
+    host, port = _open_store(calls, timeout)
     run_id = uuid.uuid4().hex[:12]
     try:
-        tasks = [lab.calls.call(rank, engine.call, owngroup.run_spawned,
-                                (fn, rank, args, {"MASTER_ADDR": host, "MASTER_PORT": str(port),
-                                                  "RANK": str(rank),
-                                                  "WORLD_SIZE": str(lab.world_size)}, run_id), {})
-                 for rank in lab.ranks]
-        lab.calls.finish(tasks, timeout, grace=None)
+        tasks = [calls.call(rank, engine.call, owngroup.run_spawned,
+                            (fn, rank, args, {"MASTER_ADDR": host, "MASTER_PORT": str(port),
+                                              "RANK": str(rank),
+                                              "WORLD_SIZE": str(world_size)}, run_id), {})
+                 for rank in range(world_size)]
+        calls.finish(tasks, timeout, grace=None)
     finally:
-        _close_store(lab)
+        _close_store(calls, timeout)
     return [task.outcome["value"] for task in sorted(tasks, key=lambda t: t.rank)]
 
 
-def run_script(lab: "Lab", path: str | os.PathLike, argv: tuple = (),
-               timeout: float | None = None) -> None:
+def run_script(calls: Calls, path: str | os.PathLike, argv: tuple, timeout: float) -> None:
     """Run ``path`` as ``__main__`` on every rank, as under torchrun; see the module docstring."""
     if not isinstance(path, (str, os.PathLike)):
         raise ConfigError(f"ddplab: lab.run_script needs the path of a Python file, but got "
@@ -88,29 +88,32 @@ def run_script(lab: "Lab", path: str | os.PathLike, argv: tuple = (),
                           f"of a Python script (relative to the notebook's folder, "
                           f"{os.getcwd()!r}, or absolute).")
     args = [str(a) for a in argv]
-    timeout = _timeout(lab, timeout)
-    lab.ensure_usable()
-    host, port = _open_store(lab, timeout)
-    envs = torchrun_env(lab, host, port)
+    calls.ensure_usable()
+    host, port = _open_store(calls, timeout)
+    envs = torchrun_env(calls.engines.hosts, calls.engines.world_size, host, port)
     try:
-        tasks = [lab.calls.call(rank, engine.call, owngroup.run_script, (path, args, envs[rank]),
-                                {}) for rank in lab.ranks]
-        lab.calls.finish(tasks, timeout, grace=None)
+        tasks = [calls.call(rank, engine.call, owngroup.run_script, (path, args, envs[rank]), {})
+                 for rank in range(calls.engines.world_size)]
+        calls.finish(tasks, timeout, grace=None)
     finally:
-        _close_store(lab)
+        _close_store(calls, timeout)
 
 
-def torchrun_env(lab: "Lab", host: str, port: int) -> dict[int, dict[str, str]]:
-    """The variables torchrun's agent sets for each worker, by rank (one run, no restarts)."""
+def torchrun_env(hosts: list[dict], world_size: int, host: str,
+                 port: int) -> dict[int, dict[str, str]]:
+    """The variables torchrun's agent sets for each worker, by rank (one run, no restarts).
+
+    ``hosts``: one entry per host, as ``lab.hosts`` lists them (``node_rank``, ``ranks``).
+    """
     run_id = uuid.uuid4().hex[:12]
     envs = {}
-    for node in lab.hosts:
+    for node in hosts:
         for local_rank, rank in enumerate(node["ranks"]):
             envs[rank] = {
                 "RANK": str(rank), "LOCAL_RANK": str(local_rank),
-                "WORLD_SIZE": str(lab.world_size), "LOCAL_WORLD_SIZE": str(len(node["ranks"])),
-                "GROUP_RANK": str(node["node_rank"]), "GROUP_WORLD_SIZE": str(len(lab.hosts)),
-                "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(lab.world_size),
+                "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(len(node["ranks"])),
+                "GROUP_RANK": str(node["node_rank"]), "GROUP_WORLD_SIZE": str(len(hosts)),
+                "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size),
                 "ROLE_NAME": "default", "MASTER_ADDR": host, "MASTER_PORT": str(port),
                 "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0",
                 "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True",
@@ -118,22 +121,25 @@ def torchrun_env(lab: "Lab", host: str, port: int) -> dict[int, dict[str, str]]:
     return envs
 
 
-def _open_store(lab: "Lab", timeout: float) -> tuple[str, int]:
+def _on_rank_0(calls: Calls, timeout: float, fn: Callable, *args: Any) -> Any:
+    """``fn(*args)`` on rank 0, waited for as ``lab.run`` waits; its value."""
+    task = calls.call(0, engine.call, fn, args, {})
+    calls.finish([task], timeout, grace=None)
+    return task.outcome["value"]
+
+
+def _open_store(calls: Calls, timeout: float) -> tuple[str, int]:
     """Rank 0 holds a fresh store for the run (as torchrun's agent does): its address and port."""
-    host = lab.hosts[0]["address"]
-    return host, lab.run(owngroup.open_agent_store, host, lab.world_size, timeout,
-                         ranks=[0], timeout=timeout)[0]
+    host = calls.engines.hosts[0]["address"]
+    return host, _on_rank_0(calls, timeout, owngroup.open_agent_store, host,
+                            calls.engines.world_size, timeout)
 
 
-def _close_store(lab: "Lab") -> None:
+def _close_store(calls: Calls, timeout: float) -> None:
     """End rank 0's store once every rank is done with it (a broken lab ends it on restart)."""
-    if not lab.healthy:
+    if not calls.engines.running or calls.broken_reason():
         return
     try:
-        lab.run(owngroup.close_agent_store, ranks=[0])
+        _on_rank_0(calls, timeout, owngroup.close_agent_store)
     except DdplabError:
         log.debug("closing rank 0's rendezvous store failed", exc_info=True)
-
-
-def _timeout(lab: "Lab", timeout: float | None) -> float:
-    return lab.spec.timeout if timeout is None else check_timeout(timeout)

@@ -2,7 +2,7 @@
 
 A ``Lab`` (``ddplab.lab.lab``) is what a student calls; it is composed from a
 ``Ranks`` (the processes) and a ``Calls`` (``ddplab.lab.calls``: calls sent to
-the ranks and how they ended). Two implementations, chosen by ``start()``:
+the ranks and how they ended). Three implementations, two chosen by ``start()``:
 
 - ``LocalRanks`` (``ddplab.lab.local``): engines on this machine, forked from a
   warm template, signalled and read directly.
@@ -10,10 +10,16 @@ the ranks and how they ended). Two implementations, chosen by ``start()``:
   MPI, or a cluster you started and ``attach`` to), reached only through
   ipyparallel's controller.
 
+and one for a process that drives a lab another started, without owning it:
+
+- ``AttachedRanks`` (``ddplab.lab.attached``): the live engines of that lab,
+  numbered by rank; it never forms or leaves a group, never starts or stops a
+  process (the grading worker's view of a submission's lab).
+
 What every implementation provides, and nothing else is asked of it:
 
 =================================  ===========================================
-``bring_up(calls)``                start (or connect to) the engines, form the group
+``bring_up()``                     start (or connect to) the engines; the ``Joins``
 ``apply(ranks, fn, *args)``        ``fn(*args)`` on those ranks: one result each
 ``lost(wait)``                     the ranks whose engine is gone, and why (a ``Loss``)
 ``confirm_loss(failures)``         after a rank failed: was a rank (or host) lost?
@@ -22,14 +28,21 @@ What every implementation provides, and nothing else is asked of it:
 ``collectives(ranks, deadline)``   each rank's latest collectives (flight recorder)
 ``recorded(ranks, deadline)``      what a running trace recorded so far, even on a stuck rank
 ``interrupt(ranks)``               Kernel > Interrupt for those ranks
-``replace(calls)``                 fresh engines on the same controller; False: cannot
+``formed()``                       the group of ``bring_up``'s joins formed
+``replace()``                      fresh engines on the same controller, and their
+                                   ``Joins``; None: cannot
 ``shut_down()``                    end everything it started
 ``running``, ``pids``,             state, for the lab and for tests and tools
 ``directory``, ``controller_pid``,
 ``hosts``, ``describe()``
 =================================  ===========================================
 
-``EngineSet`` holds what both implementations share: the ipyparallel client,
+A ``Ranks`` never sends a call through the lab's ``Calls``: forming the group
+is the lab's (``Lab.start`` and ``restart`` submit the ``Joins`` a ``Ranks``
+returns and wait for them as for any call, so a failed or hung join is
+reported like a cell's).
+
+``EngineSet`` holds what the local and multi-host implementations share: the ipyparallel client,
 the engine of each rank, and the views that send one call to many engines.
 """
 
@@ -50,6 +63,9 @@ HEARTBEAT_MS = 100
 HEARTBEAT_MISSES = 30
 #: How long the hub takes at most to declare an engine lost.
 HEARTBEAT_LOSS_S = HEARTBEAT_MS * HEARTBEAT_MISSES / 1000
+#: By rank, the arguments of ``engine.join_group`` that form a lab's group;
+#: ``{}``: no group to form (bare ranks, an attached lab).
+Joins = dict[int, tuple]
 
 
 def heartbeat_args() -> list[str]:
@@ -144,7 +160,8 @@ class Ranks(Protocol):
     @property
     def hosts(self) -> list[dict]: ...
 
-    def bring_up(self, calls: Any) -> None: ...
+    def bring_up(self) -> Joins: ...
+    def formed(self) -> None: ...
     def apply(self, ranks: list[int], fn: Callable, *args: Any) -> list[Any]: ...
     def lost(self, wait: float = 0.0) -> Loss | None: ...
     def confirm_loss(self, failures: dict[int, str]) -> Loss | None: ...
@@ -153,6 +170,6 @@ class Ranks(Protocol):
     def collectives(self, ranks: list[int], deadline: float) -> dict[int, list[dict]]: ...
     def recorded(self, ranks: list[int], deadline: float) -> dict[int, dict]: ...
     def interrupt(self, ranks: list[int]) -> None: ...
-    def replace(self, calls: Any) -> bool: ...
+    def replace(self) -> Joins | None: ...
     def shut_down(self) -> None: ...
     def describe(self) -> str: ...

@@ -145,7 +145,7 @@ def _start_hosts(world_size: int, backend: str = "auto", timeout: float = 60, *,
     launch, order = hostlaunch.plan(n, hosts=hosts, engines=engines, listen=listen,
                                     ssh_cmd=ssh_cmd, remote_python=remote_python, config=config)
     spec = LabSpec.build(n, backend, timeout, grace=grace, pg_timeout=pg_timeout, debug=debug)
-    return _adopt(Lab(spec, ranks=HostRanks(spec, launch=launch, host_order=order)))
+    return _adopt(Lab(spec, engines=HostRanks(spec, launch=launch, host_order=order)))
 
 
 def attach(url_file: str | None = None, *, profile: str | None = None,
@@ -183,4 +183,4 @@ def attach(url_file: str | None = None, *, profile: str | None = None,
         return ipp.Client(timeout=spec.timeout, **kwargs)
 
     order = [hostlaunch.address(h) for h in hosts_order]
-    return _adopt(Lab(spec, ranks=HostRanks(spec, connect=connect, host_order=order)))
+    return _adopt(Lab(spec, engines=HostRanks(spec, connect=connect, host_order=order)))

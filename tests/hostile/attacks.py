@@ -240,7 +240,7 @@ ATTACKS.update({
 
 # Code in the kernel that changes what a checker relies on beyond what the
 # kernel's guard puts back: defeated only because the grading worker runs the
-# check in its own process (ddplab.course.grade_witness), against the ranks.
+# check in its own process (ddplab.grade.witness), against the ranks.
 PICKLE_GADGET = '''%%ranks
 class Forge:
     # unpickled where the check reads it: makes every comparison pass

@@ -59,7 +59,7 @@ from ... import hosts as placing
 from ...env import choose_host_backend
 from ...errors import ConfigError, DdplabError, EngineDiedError
 from ...rank import engine
-from ..ranks import HEARTBEAT_LOSS_S, EngineSet, LabSpec, Loss
+from ..ranks import HEARTBEAT_LOSS_S, EngineSet, Joins, LabSpec, Loss
 from .launch import HostEngines
 
 log = logging.getLogger(__name__)
@@ -158,8 +158,8 @@ class HostRanks:
         return self.engine_set.engine_ids if self.engine_set is not None else []
 
     # ------------------------------------------------------------- forming
-    def bring_up(self, calls: Any) -> None:
-        """Start the engines (or connect to yours), place the ranks, form the group."""
+    def bring_up(self) -> Joins:
+        """Start the engines (or connect to yours), place the ranks; the joins that form the group."""
         self.directory = tempfile.mkdtemp(prefix="ddplab-")   # mode 0700: only we can read it
         self.running = True
         client = (self._launch.start(self.directory, self.spec) if self._launch is not None
@@ -189,20 +189,22 @@ class HostRanks:
                                 for p in self.placements if p.local_rank == 0])
         # Ranks in placement order: rank r runs on the engine placed at r.
         self.engine_set = EngineSet(client, [p.engine_id for p in self.placements])
-        self._join_group(calls)
+        return self._joins()
 
-    def _join_group(self, calls: Any) -> None:
+    def _joins(self) -> Joins:
         n, timeout, pg_timeout = self.world_size, self.spec.timeout, self.spec.pg_timeout
         master = self.placements[0].host
-        port = calls.call(0, engine.open_store, master, n, pg_timeout).result.get(timeout)
-        tasks = []
+        port = self.apply([0], engine.open_store, master, n, pg_timeout)[0].get(timeout)
+        joins = {}
         for p in self.placements:
             e = self._described[p.engine_id]
             env = placing.rank_env(p, master, port, e.ifname)
-            args = (p.rank, n, env, self.backend, pg_timeout, f"{e.tmpdir}/stack.txt",
-                    [path for path in sys.path if path])
-            tasks.append(calls.call(p.rank, engine.call, engine.join_group, args, {}))
-        calls.await_join(tasks, timeout)
+            joins[p.rank] = (p.rank, n, env, self.backend, pg_timeout, f"{e.tmpdir}/stack.txt",
+                             [path for path in sys.path if path])
+        return joins
+
+    def formed(self) -> None:
+        """Nothing to note once the group formed."""
 
     # ------------------------------------------------------------- running
     def apply(self, ranks: list[int], fn: Callable, *args: Any) -> list[Any]:
@@ -275,9 +277,9 @@ class HostRanks:
             log.debug("SIGINT through the nanny of engines %s failed", ids, exc_info=True)
 
     # ------------------------------------------------------------- ending
-    def replace(self, calls: Any) -> bool:
+    def replace(self) -> Joins | None:
         """Engines on other hosts are placed afresh at every start: restart re-forms the lab."""
-        return False
+        return None
 
     def shut_down(self) -> None:
         """Leave the group on every engine; stop the engines only if this lab started them."""

@@ -1,32 +1,42 @@
-"""Which cells of a submission are its exercises and checks, what to run, and the score.
+"""Which cells of a submission are its exercises and checks, and what to run.
 
 The reference notebook names the exercises: each check cell has id
 ``check-<name>`` and tag ``check``; its exercise cell, just above, has id
 ``exercise-<name>`` and tag ``exercise``. A submission's cells are matched to
 them by id (by tag and source when a tool lost the ids), never by position.
 ``plan`` lists the cells to run, the reference's copy in place of each check
-cell, a deleted check cell put back after its exercise; ``score`` turns what
-``ddplab.course.grade_run.execute`` recorded into one ``Mark`` per exercise.
+cell, a deleted check cell put back after its exercise, as ``Step``s that
+``ddplab.grade.run`` runs and ``ddplab.grade.compare`` scores.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
 from ..errors import GradeError
-from .grade_run import Step, difference
 
 
 @dataclass
-class Mark:
-    """One exercise of one submission."""
-    exercise: str
-    passed: bool
-    reason: str = ""
+class Step:
+    """One cell to run, and what came of it."""
+    source: str
+    role: str = "other"          # "exercise", "check" or "other"
+    name: str = ""               # the exercise, for exercise and check steps
+    cell_id: str = ""
+    reference_source: str = ""   # exercise steps: the reference solution, used when replaying
+    expect_error: bool = False   # tagged raises-exception: an error here is the lesson, not a failure
+    skip: bool = False           # marked NBVAL_SKIP / tagged nbval-skip: nbval does not run it
+    status: str = "pending"      # ok, error, timeout, died, not run
+    error: str = ""              # a short reason when status is not ok
+    outputs: list = field(default_factory=list)
+
+
+def describe(step: Step) -> str:
+    return f"cell {step.cell_id}" if step.cell_id else "a cell"
 
 
 @dataclass
@@ -87,6 +97,23 @@ def check_reference(path: Path):
                          f"output to compare with. Execute and clean the reference notebook "
                          f"(see docs/contributing.md, \"Editing a notebook\") before grading.")
     return reference, found
+
+
+def notebooks_in(paths: list[str | Path]) -> list[Path]:
+    """The ``.ipynb`` files named, and those inside named folders (sorted, no checkpoints)."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+        elif path.suffix == ".ipynb" and path.is_file():
+            found.append(path)
+        elif not path.exists():
+            raise FileNotFoundError(f"ddplab: {path} does not exist. Check the path, and name "
+                                    f"notebooks (.ipynb) or folders that hold them.")
+        else:
+            raise FileNotFoundError(f"ddplab: {path} is neither a notebook (.ipynb) nor a folder. "
+                                    f"Name notebooks or folders that hold them.")
+    return found
 
 
 def load_submission(path: Path):
@@ -161,40 +188,3 @@ def _put_back_deleted_checks(steps: list[Step], found: list[Exercise]) -> None:
                        and [e.name for e in found].index(s.name) < found.index(ex)]
             after = earlier[-1] if earlier else len(steps) - 1
         steps.insert(after + 1, Step(ex.check.source, "check", ex.name, ex.check.get("id", "")))
-
-
-def score(steps: list[Step], found: list[Exercise], problems: dict[str, str],
-          patterns) -> list[Mark]:
-    """Per exercise: passed, or the first reason it did not."""
-    marks = []
-    for ex in found:
-        exercise = next((s for s in steps if s.role == "exercise" and s.name == ex.name), None)
-        check = next(s for s in steps if s.role == "check" and s.name == ex.name)
-        outcome = (check.error if check.status != "ok" else
-                   difference(ex.check.get("outputs", []), check.outputs, patterns))
-        if ex.name in problems:
-            ran = "it failed" if outcome else "it passed"
-            why = f"{problems[ex.name]} (the reference check ran anyway: {ran})"
-        elif exercise.status != "ok":
-            why = f"exercise cell: {exercise.error}"
-        else:
-            why = f"check: {outcome}" if outcome else ""
-        broke = _broken_before(steps, check)
-        if why and broke is not None:
-            # A set-up cell that timed out leaves the kernel without `ddplab`:
-            # say that, not only the NameError it caused.
-            why = f"{_describe(broke)}: {broke.error}, so the cells after it ran without it; {why}"
-        marks.append(Mark(ex.name, not why, why))
-    return marks
-
-
-def _broken_before(steps: list[Step], check: Step) -> Step | None:
-    """The first cell that is not an exercise or check and broke the kernel before ``check``."""
-    for step in steps[:steps.index(check)]:
-        if step.role == "other" and step.status in ("timeout", "died"):
-            return step
-    return None
-
-
-def _describe(step: Step) -> str:
-    return f"cell {step.cell_id}" if step.cell_id else "a cell"

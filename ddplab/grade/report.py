@@ -1,6 +1,6 @@
 """Grades as a table for people, CSV for a gradebook, and JUnit XML for CI systems.
 
-All three take the list of ``ddplab.course.grade.Grade`` that ``grade()`` returns.
+All three take the list of ``ddplab.grade.class_run.Grade`` that ``grade()`` returns.
 The table shows one row per submission, ``pass``/``FAIL`` per exercise and
 the total, then one line per lost exercise saying why::
 

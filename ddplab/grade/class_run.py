@@ -15,15 +15,15 @@ How a submission is graded
    edited check cell still scores zero on its exercise.
 3. An exercise passes when its exercise cell runs without error and its
    check cell runs without error and prints what the reference printed,
-   compared the way nbval compares (``ddplab/course/nbval_sanitize.cfg`` applied to
+   compared the way nbval compares (``ddplab/grade/nbval_sanitize.cfg`` applied to
    both sides).
 
 Why nbclient and not ``pytest --nbval`` in a subprocess: nbval runs a
 notebook in one kernel and, once a cell times out or the kernel dies, fails
 every later cell. Grading must lose only the exercise that broke, so
-``ddplab.course.grade_plan`` decides what runs and ``ddplab.course.grade_run`` drives the
+``ddplab.grade.plan`` decides what runs and ``ddplab.grade.run`` drives the
 kernel with nbclient (Jupyter's notebook executor, the one nbconvert uses),
-compares outputs with nbval's own functions (stream coalescing, the sanitize
+``ddplab.grade.compare`` compares outputs with nbval's own functions (stream coalescing, the sanitize
 file parser) and nbval's rules, and recovers from hangs and crashes by
 replaying. ``pytest --nbval-lax`` stays the way to check a notebook by hand.
 
@@ -37,14 +37,14 @@ worker that crashes or overruns its deadline costs only its own
 submission, and is killed together with everything it started.
 
 A submission is written by someone who wants the points. Where the machine
-has bubblewrap, each worker runs in a sandbox (``ddplab.course.sandbox``):
+has bubblewrap, each worker runs in a sandbox (``ddplab.grade.sandbox``):
 its own pid, mount, network and user namespaces, so it sees no other
 process, no reference, no other submission and no output of the grader,
 and everything it starts dies with it. The worker is a child subreaper and
 ends what it adopted; the grader plans and scores, the worker runs cells in
 the kernel and runs every check cell itself against the ranks
-(``ddplab.course.grade_witness``), where the submission's code never ran.
-Every finished result is journalled (``ddplab.course.outputs``).
+(``ddplab.grade.witness``), where the submission's code never ran.
+Every finished result is journalled (``ddplab.grade.journal``).
 """
 
 from __future__ import annotations
@@ -62,11 +62,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import limits, procs
-from . import grade_plan, grade_witness, outputs, sandbox
-from .grade_plan import GradeError, Mark, check_reference, load_submission, plan
-from .grade_run import Step, execute, sanitize_patterns
-from .outputs import Journal
-from .release import notebooks_in
+from . import sandbox, witness
+from .compare import Mark, sanitize_patterns, score
+from .journal import Journal, key, write_atomically
+from .plan import GradeError, Step, check_reference, load_submission, notebooks_in, plan
+from .run import execute
 
 DEFAULT_CELL_TIMEOUT = 120.0
 log = logging.getLogger(__name__)
@@ -85,27 +85,6 @@ class Grade:
     @property
     def score(self) -> int:
         return sum(mark.passed for mark in self.marks)
-
-
-def grade_one(path: Path, reference_path: Path, student: str,
-              cell_timeout: float = DEFAULT_CELL_TIMEOUT) -> Grade:
-    """Grade one submission in this process (a worker calls this)."""
-    begin = time.monotonic()
-    result = Grade(student, reference_path.stem, str(path))
-    reference, found = check_reference(reference_path)
-    try:
-        submission = load_submission(path)
-    except ValueError as e:
-        result.error = f"not graded: {e}"
-        result.marks = [Mark(ex.name, False, "not graded") for ex in found]
-        return result
-    steps, problems = plan(submission, found)
-    # The submission's own folder is the working directory, as in nbgrader:
-    # files a notebook writes land beside it, never in the course's folder.
-    execute(steps, str(path.resolve().parent), cell_timeout)
-    result.marks = grade_plan.score(steps, found, problems, sanitize_patterns())
-    result.seconds = time.monotonic() - begin
-    return result
 
 
 def student_name(path: Path, reference_names: set[str]) -> str:
@@ -182,7 +161,7 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
 
     def one(item, env: dict) -> Grade:
         path, ref, error = item
-        entry = outputs.key(path, ref or path) if journal is not None else ""
+        entry = key(path, ref or path) if journal is not None else ""
         if entry in finished:
             data = dict(finished[entry], marks=[Mark(**m) for m in finished[entry]["marks"]])
             result = Grade(**data)
@@ -209,7 +188,7 @@ def _say_unwitnessed(ref: Path) -> None:
     """Check the reference; warn of each check cell the grader cannot run itself (forgeable)."""
     _, found = check_reference(ref)
     for ex in found:
-        if not grade_witness.witnessable(ex.check.source):
+        if not witness.witnessable(ex.check.source):
             log.warning("ddplab grade: check cell %s of %s is not a call of a ddplab.check "
                         "function on names and literals, so it runs in the submission's kernel, "
                         "where a submission can forge it (docs/instructors.md, \"Grading a hostile "
@@ -245,7 +224,7 @@ def one_template_for_the_class():
 # machine, per submission); notebooks never use that format, so the worker
 # makes the optional import fail fast and jsonschema goes without it.
 _WORKER = ("import sys; sys.modules['rfc3987_syntax'] = None; "
-           "from ddplab.course.grade import _worker; sys.exit(_worker(sys.argv[1:]))")
+           "from ddplab.grade.class_run import _worker; sys.exit(_worker(sys.argv[1:]))")
 
 
 def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
@@ -301,7 +280,7 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
                          error=f"not graded: the grader failed ({last[:150]})")
         for step, record in zip(steps, json.loads(out.read_text())):
             step.status, step.error, step.outputs = record["status"], record["error"], record["outputs"]
-    marks = grade_plan.score(steps, found, problems, sanitize_patterns())
+    marks = score(steps, found, problems, sanitize_patterns())
     return Grade(student, ref.stem, str(path), marks=marks, seconds=time.monotonic() - begin)
 
 
@@ -315,13 +294,13 @@ def _worker(argv: list[str]) -> int:
     todo, out, cwd, cell_timeout = argv
     procs.become_subreaper()
     procs.hide_memory()
-    grade_witness.prepare()          # before any cell of the submission: see its docstring
+    witness.prepare()          # before any cell of the submission: see its docstring
     steps = [Step(**record) for record in json.loads(Path(todo).read_text())]
     Path(todo).unlink()
     try:
         execute(steps, cwd, float(cell_timeout), witnessed=True)
     finally:
         procs.end_descendants(grace=1)
-    outputs.write_atomically(out, json.dumps([{"status": s.status, "error": s.error,
+    write_atomically(out, json.dumps([{"status": s.status, "error": s.error,
                                                "outputs": s.outputs} for s in steps]))
     return 0

@@ -1,6 +1,6 @@
 """Run one submission's cells in a kernel of its own, and survive what students write.
 
-``ddplab.course.grade`` turns a submission into a list of ``Step``s (the student's
+``ddplab.grade.plan`` turns a submission into a list of ``Step``s (the student's
 cells, with the reference check cells in place of the student's copies);
 ``execute`` runs them one by one in a fresh Jupyter kernel through nbclient,
 nbval's own executor library, and records each cell's status and outputs.
@@ -16,8 +16,8 @@ What can go wrong in a cell, and what happens:
 - it tries to forge a check (replaces a checker, patches ``Lab.run``,
   ``print`` or ``exec``, prints a ``Correct`` line): a grading worker runs
   every check cell that calls ``ddplab.check`` in its own process
-  (``ddplab.course.grade_witness``); any other check cell runs through
-  ``ddplab.course.grade_check``'s guard in the kernel and earns the point
+  (``ddplab.grade.witness``); any other check cell runs through
+  ``ddplab.grade.guard``'s guard in the kernel and earns the point
   only by its verdict (forgeable: the grader says so).
 
 Recovering means: kill the kernel (its lab's engines and controller exit with
@@ -30,25 +30,18 @@ cannot finish, the remaining cells are marked not run.
 
 from __future__ import annotations
 
-import copy
 import logging
 import re
 import secrets
-from collections import defaultdict
-from dataclasses import dataclass, field
-from importlib import resources
 
 import nbformat
 
 from .. import procs
-from . import grade_witness
-from .grade_check import SAVE_STREAMS, guarded_check, verdict
+from . import witness
+from .guard import SAVE_STREAMS, guarded_check, verdict
+from .plan import Step, describe
 
 log = logging.getLogger(__name__)
-# Output fields that never match run to run; nbval skips the same ones
-# (plus images, which it compares only with nbdime).
-SKIP_COMPARE = {"metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
-                "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg"}
 # Asked after a cell failed: is the lab this kernel started still usable?
 PROBE = """\
 def _ddplab_grade_probe():
@@ -57,80 +50,6 @@ def _ddplab_grade_probe():
     return "ok" if lab is None or not lab.running or lab.healthy else "broken"
 print("ddplab-probe:", _ddplab_grade_probe())
 del _ddplab_grade_probe"""
-
-
-@dataclass
-class Step:
-    """One cell to run, and what came of it."""
-    source: str
-    role: str = "other"          # "exercise", "check" or "other"
-    name: str = ""               # the exercise, for exercise and check steps
-    cell_id: str = ""
-    reference_source: str = ""   # exercise steps: the reference solution, used when replaying
-    expect_error: bool = False   # tagged raises-exception: an error here is the lesson, not a failure
-    skip: bool = False           # marked NBVAL_SKIP / tagged nbval-skip: nbval does not run it
-    status: str = "pending"      # ok, error, timeout, died, not run
-    error: str = ""              # a short reason when status is not ok
-    outputs: list = field(default_factory=list)
-
-
-def sanitize_patterns() -> list[tuple[str, str]]:
-    """The (regex, replacement) pairs of the sanitize file shipped with ddplab."""
-    from nbval.plugin import get_sanitize_patterns
-    text = resources.files("ddplab.course").joinpath("nbval_sanitize.cfg").read_text()
-    return get_sanitize_patterns(text)
-
-
-def sanitize(value, patterns):
-    if not isinstance(value, str):
-        return value
-    for regex, replacement in patterns:
-        value = re.sub(regex, replacement, value)
-    return value
-
-
-def comparable(outputs: list, patterns) -> dict[str, list]:
-    """Outputs in nbval's comparison form: per field (stream name, MIME type), the sanitized values.
-
-    Unlike nbval, a stream that sanitizes to nothing (a torch warning line on
-    stderr) counts as no output at all.
-    """
-    from nbval.plugin import coalesce_streams
-    flat: dict[str, list] = defaultdict(list)
-    for out in coalesce_streams([nbformat.from_dict(copy.deepcopy(o)) for o in outputs]):
-        if out.output_type == "stream":
-            text = sanitize(out.text, patterns)
-            if text.strip():
-                flat[out.name].append(text)
-            continue
-        for key, value in out.items():
-            if key == "data":
-                for mime, data in value.items():
-                    if mime not in SKIP_COMPARE:
-                        flat[mime].append(sanitize(data, patterns))
-            elif key not in SKIP_COMPARE:
-                flat[key].append(sanitize(value, patterns))
-    return dict(flat)
-
-
-def difference(expected: list, got: list, patterns) -> str:
-    """'' if ``got`` matches ``expected`` the way nbval compares them, else a short description."""
-    want, have = comparable(expected, patterns), comparable(got, patterns)
-    if want == have:
-        return ""
-    for key in sorted(set(want) | set(have)):
-        if want.get(key) != have.get(key):
-            return (f"output differs from the reference: expected {_first_line(want.get(key))}, "
-                    f"got {_first_line(have.get(key))}")
-    return "output differs from the reference"
-
-
-def _first_line(values) -> str:
-    if not values:
-        return "nothing"
-    text = str(values[0]).strip().splitlines() or [""]
-    line = text[0] if len(text[0]) <= 70 else text[0][:67] + "..."
-    return repr(line) + (" ..." if len(text) > 1 or len(values) > 1 else "")
 
 
 def reason(ename: str, evalue: str) -> str:
@@ -211,10 +130,9 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = 
     """Run ``steps`` in order, recording status, outputs and reasons on each.
 
     ``witnessed``: this process never runs a submission's code (a grading
-    worker, after ``grade_witness.prepare``), so it runs the check cells it
-    can itself (``ddplab.course.grade_witness``); the others run guarded in
-    the kernel. Not witnessed (``grade_one``, grading in this process), every
-    check runs guarded in the kernel.
+    worker, after ``witness.prepare``), so it runs the check cells it
+    can itself (``ddplab.grade.witness``); the others run guarded in
+    the kernel. Not witnessed, every check runs guarded in the kernel.
     """
     failed: set[str] = set()      # exercises already lost: replays use the reference solution
     kernel = Kernel(cwd, cell_timeout)
@@ -224,7 +142,7 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = 
                 step.status = "ok"
                 continue
             broke = False
-            if step.role == "check" and witnessed and grade_witness.witnessable(step.source):
+            if step.role == "check" and witnessed and witness.witnessable(step.source):
                 broke = _witness(kernel, step, cwd, cell_timeout)
             elif step.role == "check":
                 nonce = secrets.token_hex(16)
@@ -245,7 +163,7 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = 
             kernel.stop()
             kernel = _replay(steps[:index + 1], failed, cwd, cell_timeout)
             if kernel is None:
-                why = f"not run: the kernel could not be recovered after {_describe(step)} {step.status}"
+                why = f"not run: the kernel could not be recovered after {describe(step)} {step.status}"
                 for later in steps[index + 1:]:
                     later.status, later.error = "not run", why
                 return
@@ -261,14 +179,14 @@ def _witness(kernel: Kernel, step: Step, cwd: str, cell_timeout: float) -> bool:
     cell gives the checker, its last trace); a kernel that will not answer
     fails the check.
     """
-    status, outputs, why = kernel.run(grade_witness.ask(step.source))
-    found = grade_witness.answer(outputs) if status == "ok" else None
+    status, outputs, why = kernel.run(witness.ask(step.source))
+    found = witness.answer(outputs) if status == "ok" else None
     if found is None:
         step.status, step.outputs = "error", []
         step.error = ("the kernel did not answer the grader's question (where its lab is, and the "
                       "names the check uses)" + (f": {why}" if why else ""))
         return status in ("timeout", "died")
-    step.outputs, error, broke = grade_witness.check(step.source, found, cell_timeout, cwd)
+    step.outputs, error, broke = witness.check(step.source, found, cell_timeout, cwd)
     step.status, step.error = ("ok", "") if error is None else ("error", reason(*error))
     return broke
 
@@ -310,6 +228,3 @@ def _replay_once(done: list[Step], failed: set[str], cwd: str, cell_timeout: flo
         return None
     return kernel
 
-
-def _describe(step: Step) -> str:
-    return f"cell {step.cell_id}" if step.cell_id else "a cell"

@@ -1,6 +1,6 @@
 """What the grading worker takes from the submission's processes: plain data, and code it keeps sealed.
 
-The worker runs every check itself (``ddplab.course.grade_witness``), but what
+The worker runs every check itself (``ddplab.grade.witness``), but what
 it checks comes from processes the submission controls: the ranks' replies,
 and the names a check cell gives the checker (``swap``, ``waited``), which
 the kernel sends as bytes. Unpickling either could run the submission's code

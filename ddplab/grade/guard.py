@@ -1,10 +1,9 @@
 """How the grader runs a check cell in the submission's kernel, when it cannot run it itself.
 
 A grading worker runs every check cell that calls ``ddplab.check`` in its own
-process (``ddplab.course.grade_witness``), out of the submission's reach:
+process (``ddplab.grade.witness``), out of the submission's reach:
 every check cell of the shipped notebooks. Another check cell (an
-instructor's own ``assert f(3) == 9``), or any check when grading in the
-grader's own process (``grade.grade_one``), runs in the submission's kernel,
+instructor's own ``assert f(3) == 9``) runs in the submission's kernel,
 where the submission's code ran first; this is its guard, and it can be
 forged (the grader warns of such cells). Before such a check, the grader:
 

@@ -16,12 +16,12 @@ process:
    is (its private directory) and, as bytes, each name the check cell gives
    the checker (``swap`` in ``ddplab.check.swap_tensors(swap)``), and for a
    timeline checker the kernel's last trace. What the kernel answers is the
-   submission's anyway; ``grade_unpickle`` loads plain data and keeps code
+   submission's anyway; ``ddplab.grade.unpickle`` loads plain data and keeps code
    sealed: the student's function goes to the ranks as the kernel's own bytes
    and is unpickled there, never here.
-3. The worker connects to the lab's controller itself (``WitnessLab``, in
-   ``grade_witness_lab``) and runs the reference check cell with ``ddplab``,
-   ``lab`` and ``ddplab.current()`` its own. The check's output and its
+3. The worker connects to the lab's controller itself (a ``Lab`` of its own
+   over ``ddplab.lab.attached.AttachedRanks``) and runs the reference check
+   cell with ``ddplab``, ``lab`` and ``ddplab.current()`` its own. The check's output and its
    exception are the worker's: that output is compared with the reference,
    and it alone earns the point. What the ranks send back is unpickled as
    plain data and tensors only.
@@ -31,7 +31,7 @@ names and literals (``witnessable``): every check cell of the shipped
 notebooks. The choice is made from the reference's source alone, never from
 what a submission does, so a submission cannot push a check back into its
 kernel. Another check cell (an instructor's ``assert f(3) == 9``) runs in the
-kernel under ``grade_check``'s guard, which the grader says can be forged.
+kernel under ``ddplab.grade.guard``'s guard, which the grader says can be forged.
 
 What this cannot defend against (docs/instructors.md, "Grading a hostile
 class"): the ranks' state and the kernel's data are the submission's. A
@@ -53,7 +53,7 @@ import pickle
 import sys
 from typing import Any
 
-from .grade_unpickle import Refused, SafePickle, SafeUnpickler, load_name, load_trace, safe_loads
+from .unpickle import Refused, SafePickle, SafeUnpickler, load_name, load_trace, safe_loads
 
 __all__ = ["GRADER_NAMES", "Refused", "SafePickle", "SafeUnpickler", "answer", "ask", "asked",
            "check", "prepare", "witnessable"]
@@ -183,10 +183,8 @@ def prepare() -> None:
     import ddplab.check  # noqa: F401
     import ddplab.launch  # noqa: F401
     import ddplab.trace  # noqa: F401
-    from ddplab.lab import calls, display  # noqa: F401
+    from ddplab.lab import attached, calls, display, lab, owncode  # noqa: F401
     from ddplab.rank import engine, owngroup  # noqa: F401
-
-    from . import grade_witness_lab  # noqa: F401
     serialize.pickle = SafePickle
 
 
@@ -202,9 +200,7 @@ def check(source: str, found: dict, timeout: float,
     import ddplab
     from ddplab import trace as tracing
     from ddplab.errors import HangError
-    from ddplab.lab import current_lab
-
-    from .grade_witness_lab import WitnessLab
+    from ddplab.lab import attached, current_lab
     printed = io.StringIO()
     error, broke, lab = None, False, None
     before, before_trace = current_lab.current_or_none(), tracing.last()
@@ -217,7 +213,7 @@ def check(source: str, found: dict, timeout: float,
                     namespace[name] = load_name(name, value)
             tracing.set_last(load_trace(found["trace"]))
             if found["where"]:
-                lab = WitnessLab(found["where"], timeout)
+                lab = attached.attach(found["where"], timeout)
             namespace["lab"] = lab
             current_lab.make_current(lab)      # what ddplab.check.x() finds when given no lab
             exec(compile(source, "<check cell>", "exec"), namespace)
@@ -229,7 +225,7 @@ def check(source: str, found: dict, timeout: float,
         current_lab.make_current(before)
         tracing.set_last(before_trace)
         if lab is not None:
-            lab.close()
+            lab.stop()
     text = printed.getvalue()
     outputs = [{"output_type": "stream", "name": "stdout", "text": text}] if text else []
     return outputs, error, broke
