@@ -4,10 +4,11 @@
 
 1. gives this pytest process a temporary folder of its own (``TMPDIR`` and
    ``tempfile.tempdir``, inherited by every lab, engine, kernel and subprocess
-   it starts), removed when the session ends. So a ``ddplab-*`` entry there is
+   it starts), removed when pytest exits. So a ``ddplab-*`` entry there is
    the suite's, never another user's lab on the same machine. Its path is
    short (``/tmp/ddplab-suite-XXXXXXXX``): the labs' AF_UNIX sockets in it stay
-   far below the 108-byte limit.
+   far below the 108-byte limit. Its mode is 0711, as /tmp lets others pass: a lab's
+   own modes keep other users out, as they must outside the suite.
 2. fails the teardown of every test (a ``pytest.Function``), and of every
    module, class or notebook when it ends, that leaves behind a new ``ddplab-*``
    entry in that folder or a live process of this pytest's tree, naming the
@@ -28,6 +29,7 @@ kernel's labs are cleaned up by their guards within a second.
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 import shutil
@@ -71,6 +73,12 @@ def use_own_tmpdir() -> str:
     global _own_tmpdir
     if not _own_tmpdir:
         _own_tmpdir = tempfile.mkdtemp(prefix=PREFIX + "suite-")
+        # Others may pass through (not list), as through /tmp: what keeps another user
+        # out of a lab must be the lab's own modes (tests/test_private_store.py), not ours.
+        os.chmod(_own_tmpdir, 0o711)
+        # At exit, after the exit handlers registered since (IPython's writes its
+        # history database, which may live here), not at pytest's unconfigure.
+        atexit.register(shutil.rmtree, _own_tmpdir, ignore_errors=True)
         os.environ["TMPDIR"] = tempfile.tempdir = _own_tmpdir
     return _own_tmpdir
 
@@ -121,9 +129,6 @@ class _Plugin:
         if found:
             pytest.fail("\n".join(found), pytrace=False)
         return result
-
-    def pytest_unconfigure(self, config):
-        shutil.rmtree(_own_tmpdir, ignore_errors=True)
 
 
 def install(config: pytest.Config) -> None:
