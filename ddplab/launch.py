@@ -344,7 +344,11 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
         os.mkdir(hook)
         with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
             f.write(_HOOK)
-        env.update({_REPORT_DIR: folder, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
+        # What the launchers and their workers leave in the temporary folder (mp.spawn's
+        # error files of a worker that failed, torchrun's logs) goes with this folder.
+        tmp = os.path.join(folder, "tmp")
+        os.mkdir(tmp)
+        env.update({_REPORT_DIR: folder, "TMPDIR": tmp, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
                     "PYTHONPATH": os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))},
                    **given)
         # Each launcher leads a session of its own: ending it ends the children
