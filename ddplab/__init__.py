@@ -17,6 +17,9 @@
                                          # (Pdb rank 1) in the notebook (or %%rank 1 --pdb);
     %ddplab_debug                        # after a RankError: post-mortem on the rank that raised
 
+    folder = ddplab.scratch_folder("nb10")   # checkpoints every rank sees; gone with the last
+                                         # lab.stop() or the kernel, however it ends
+
 See ``ddplab.lab`` for the lab's lifecycle and its failure modes.
 
 Teaching modules, the top-level modules notebooks may import (``from ddplab import train``),
@@ -36,6 +39,7 @@ from .errors import ConfigError, DdplabError, EngineDiedError, HangError, RankEr
 from .hints import hint, solution
 from .lab import Lab, attach, current, start
 from .lab.magics import load_ipython_extension
+from .lab.scratch import scratch_folder
 from .rank.debugger import breakpoint
 from .show import Picture, show
 from .trace import Trace
@@ -55,6 +59,7 @@ __all__ = [
     "current",
     "hint",
     "load_ipython_extension",
+    "scratch_folder",
     "show",
     "solution",
     "start",

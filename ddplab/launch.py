@@ -26,10 +26,9 @@ What it guarantees:
   a rank prints as ``[rank N] ...`` are grouped under rank N. Ports and
   temporary paths are replaced by ``PORT`` and ``<dir>``, so shown output is the
   same on every run.
-- A launched script can call ``report_env()`` to record the torch.distributed
-  variables it sees; ``result.reports`` holds them by rank.
-- Every attempt of a torchrun job restarted by ``max_restarts`` keeps its
-  output, each rank's under ``[attempt K]`` lines (``result.attempts`` counts them).
+- ``report_env()`` in a script records the torch.distributed variables it sees
+  (``result.reports``, by rank). Every attempt of a job restarted by ``max_restarts``
+  keeps its output, under ``[attempt K]`` lines (``result.attempts`` counts them).
 - A launch whose processes all exit 0 without any of them forming a process
   group (a GPU-only script on a machine without GPUs skips its training) does
   not read "ok": ``result.groups_formed`` is 0 and its repr says so. The
@@ -61,9 +60,8 @@ HOST = "127.0.0.1"
 ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
              "MASTER_ADDR", "MASTER_PORT")
 _REPORT_DIR = "DDPLAB_LAUNCH_DIR"
-# After one command fails, the time the others get to exit by themselves, so
-# that their own error message (often the real cause) is kept, before they are
-# ended (after ``procs.END_GRACE_S`` for SIGTERM).
+# After one command fails, the others get this long to exit by themselves (their own error
+# is often the real cause) before they are ended (``procs.END_GRACE_S`` after SIGTERM).
 _SETTLE_S = 5.0
 _RANK_MARK = re.compile(r"\[rank (\d+)\] ?")
 
@@ -344,7 +342,9 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
         os.mkdir(hook)
         with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
             f.write(_HOOK)
-        env.update({_REPORT_DIR: folder, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
+        tmp = os.path.join(folder, "tmp")   # mp.spawn's error files, torchrun's logs: gone with it
+        os.mkdir(tmp)
+        env.update({_REPORT_DIR: folder, "TMPDIR": tmp, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
                     "PYTHONPATH": os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))},
                    **given)
         # Each launcher leads a session of its own: ending it ends the children

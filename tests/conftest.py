@@ -1,17 +1,24 @@
-"""Shared fixtures: real engines, real gloo. One 2-rank lab serves most tests."""
+"""Shared fixtures: real engines, real gloo. One 2-rank lab serves most tests.
+
+Every test runs under the leak check (``leakcheck``): the suite has a temporary
+folder of its own, and a test, module or notebook that leaves a ``ddplab-*``
+entry there, or a live process, fails at its teardown, named.
+"""
 
 from __future__ import annotations
 
-import glob
-import os
-import tempfile
-
+import leakcheck
 import psutil
 import pytest
 from browserkit import require_chromium
+from leakcheck import lab_dirs, my_process_tree  # noqa: F401  tests import them from here
 from realhosts import *  # noqa: F401,F403  the realhosts tier's daemons (tests/realhosts.py)
 
 import ddplab
+
+
+def pytest_configure(config) -> None:
+    leakcheck.install(config)
 
 
 def pytest_collection_modifyitems(items) -> None:
@@ -90,17 +97,6 @@ def fresh_lab4(lab4):
         lab4.restart()
     ddplab.lab.current_lab.make_current(lab4)
     return lab4
-
-
-def lab_dirs() -> set[str]:
-    """The local labs' (and engine templates') directories now in the temporary folder."""
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "ddplab-*")))
-
-
-def my_process_tree() -> set[int]:
-    """Pids of every live process this test process started, directly or not."""
-    return {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)
-            if p.status() != psutil.STATUS_ZOMBIE}
 
 
 def alive(pid: int) -> bool:

@@ -21,7 +21,7 @@ from xml.etree import ElementTree as ET
 
 import nbformat
 import pytest
-from conftest import my_process_tree
+from conftest import lab_dirs, my_process_tree
 
 from ddplab.course.release import release_notebook
 from ddplab.grade import report
@@ -91,8 +91,9 @@ def submissions(reference):
     variant("deadlock", ["swap", "ring-token"], _deadlocks)
     variant("loops", ["ping-pong"],                          # in the kernel: the cell timeout
             lambda nb: setattr(_cell(nb, "exercise-ping-pong"), "source", "while True:\n    pass"))
-    variant("crash", ["ping-pong"],                          # the kernel dies
-            lambda nb: setattr(_cell(nb, "exercise-ping-pong"), "source", "import os\nos._exit(1)"))
+    variant("crash", ["ping-pong"],                          # the kernel dies, leaving a folder
+            lambda nb: setattr(_cell(nb, "exercise-ping-pong"), "source",
+                               "import os, tempfile\ntempfile.mkdtemp(prefix='ddplab-left-')\nos._exit(1)"))
     variant("mixed", ["ping-pong", "swap", "ring-token", "neighbour-exchange"], _mixed)
     variant("correct", [])
     out["stubs"] = (released, set(EXERCISES))
@@ -117,9 +118,9 @@ def graded(tmp_path_factory):
         path = tmp / "submitted" / student / NAME
         path.write_text(nb if isinstance(nb, str) else nbformat.writes(nb))
         paths.append(path)
-    before = my_process_tree()
+    before, dirs = my_process_tree(), lab_dirs()
     grades = grade(paths, ROOT / "notebooks", jobs=3, cell_timeout=CELL_TIMEOUT)
-    left = my_process_tree() - before
+    left = (my_process_tree() - before) | (lab_dirs() - dirs)     # pids, and ddplab-* folders
     return {g.student: g for g in grades}, variants, left, tmp
 
 
@@ -156,7 +157,7 @@ def test_each_failure_has_a_short_reason_that_names_the_cause(graded):
 
 
 def test_nothing_is_left_running_after_hangs_loops_and_crashes(graded):
-    assert graded[2] == set(), f"processes left behind by grading: {graded[2]}"
+    assert graded[2] == set(), f"processes or ddplab-* folders left behind by grading: {graded[2]}"
 
 
 def test_table_csv_and_junit_say_the_same(graded):

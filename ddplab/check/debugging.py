@@ -282,30 +282,35 @@ def checkpoint_once(lab: Any = None) -> None:
     """``save_checkpoint`` writes one file, from rank 0; ``load_checkpoint`` reads it into a
     plain model (no ``module.`` prefix)."""
     import os
+    import shutil
     import tempfile
 
     from ._core import lab_or_current
     __tracebackhide__ = True
     lab = lab_or_current(lab)
     warm_up_ddp(lab)
-    path = os.path.join(tempfile.mkdtemp(prefix="ddplab-ckpt-"), "model.pt")
-    saves = run_student_code("save_checkpoint(model, path)", _save, path, lab=lab,
-                             timeout=TIMEOUT, hint="")
-    compare("torch.save calls per rank", [1] + [0] * (len(saves) - 1), saves,
-            hint="every rank holds the same weights: write them once, on rank 0 "
-                 "(`if rank == 0:`), or the ranks write one file over each other.")
-    try:
-        got = run_student_code("load_checkpoint(path)", _load, path, lab=lab, timeout=TIMEOUT,
-                               hint="")
-    except AssertionError as exc:
-        if 'Unexpected key(s) in state_dict: "module.' in str(exc):
-            raise AssertionError(
-                "load_checkpoint(path): the saved keys start with 'module.' (DDP's own state_dict), "
-                "and the plain SmallCNN refuses them. Save ddp_model.module.state_dict().") from None
-        raise
-    compare("load_checkpoint(path) gives the saved weights in a plain SmallCNN",
-            ["ok"] * len(got), got,
-            hint="save ddp_model.module.state_dict(): DDP's own keys start with 'module.'.")
+    folder = tempfile.mkdtemp(prefix="ddplab-ckpt-")
+    try:          # removed however the check ends: a failed answer too
+        path = os.path.join(folder, "model.pt")
+        saves = run_student_code("save_checkpoint(model, path)", _save, path, lab=lab,
+                                 timeout=TIMEOUT, hint="")
+        compare("torch.save calls per rank", [1] + [0] * (len(saves) - 1), saves,
+                hint="every rank holds the same weights: write them once, on rank 0 "
+                     "(`if rank == 0:`), or the ranks write one file over each other.")
+        try:
+            got = run_student_code("load_checkpoint(path)", _load, path, lab=lab, timeout=TIMEOUT,
+                                   hint="")
+        except AssertionError as exc:
+            if 'Unexpected key(s) in state_dict: "module.' in str(exc):
+                raise AssertionError(
+                    "load_checkpoint(path): the saved keys start with 'module.' (DDP's own state_dict), "
+                    "and the plain SmallCNN refuses them. Save ddp_model.module.state_dict().") from None
+            raise
+        compare("load_checkpoint(path) gives the saved weights in a plain SmallCNN",
+                ["ok"] * len(got), got,
+                hint="save ddp_model.module.state_dict(): DDP's own keys start with 'module.'.")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     passed("one checkpoint, written by rank 0, loads into a plain model on every rank.")
 
 

@@ -260,6 +260,11 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
             # The submission's own folder is the working directory, as in nbgrader:
             # files a notebook writes land beside it, never in the course's folder.
             cwd = path.resolve().parent
+            # Its temporary files go in ours, removed below however it ends (the
+            # sandbox's /tmp is a tmpfs of its own): a notebook stopped mid-way
+            # leaves nothing in the machine's temporary folder.
+            (tmp / "tmp").mkdir()
+            env = dict(env or os.environ, TMPDIR=str(tmp / "tmp"))
         command = [sys.executable, "-c", _WORKER, str(todo), str(out), str(cwd), str(cell_timeout)]
         if sandboxed:
             command, env = sandbox.wrap(command, scratch=tmp), sandbox.environment(env or os.environ)
