@@ -64,3 +64,13 @@ def test_the_check_fails_a_test_that_leaks_and_names_it(tmp_path):
     assert "leaky.ipynb left behind" in report and "ddplab-nb-" in report, report
     # The inner run had a temporary folder of its own, inside ours, and removed it.
     assert not [name for name in os.listdir(tempfile.gettempdir()) if name.startswith("ddplab-suite-")]
+
+
+def test_a_run_of_the_tests_and_the_notebooks_imports_the_tests_conftest():
+    """``make test`` collects tests/ and notebooks/ in one run: ``from conftest import ...`` in a
+    test module must find tests/conftest.py, not a conftest.py beside the notebooks."""
+    ran = procs.run([[sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                      "tests/test_magics.py", "tests/test_late.py", "notebooks/00_setup.ipynb", "--nbval"]],
+                    120, cwd=str(TESTS.parent))
+    assert ran[0].returncode == 0, ran[0].output[-3000:]
+    assert "notebooks/00_setup.ipynb::Cell 0" in ran[0].output, ran[0].output[-3000:]
