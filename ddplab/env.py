@@ -49,6 +49,12 @@ def worker_env(rank: int, world_size: int, master_addr: str, master_port: int,
     }
 
 
+#: The variables ``worker_env`` sets, as torchrun names them: what a rank of ``ddplab.start``
+#: gets, what bare ranks are started without, and what a launcher alone decides.
+#: (``lab.run_script`` adds the rest of torchrun's, ``ROLE_*`` and ``TORCHELASTIC_*``.)
+TORCHRUN_VARIABLES = tuple(worker_env(0, 1, "", 0))
+
+
 def omp_threads(local_world_size: int, cpu_count: int | None = None) -> int:
     """OpenMP threads per rank: share the cores instead of oversubscribing them.
 

@@ -52,13 +52,12 @@ import tempfile
 from dataclasses import dataclass, field
 
 from . import procs
-from .env import check_timeout, check_world_size, free_port
+from .env import TORCHRUN_VARIABLES, check_timeout, check_world_size, free_port
 from .errors import ConfigError, LaunchError
 
 HOST = "127.0.0.1"
 #: The variables a launcher may set for each rank, in the order tables show them.
-ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-             "MASTER_ADDR", "MASTER_PORT")
+ENV_NAMES = tuple(name for name in TORCHRUN_VARIABLES if name != "GROUP_WORLD_SIZE")
 _REPORT_DIR = "DDPLAB_LAUNCH_DIR"
 # After one command fails, the others get this long to exit by themselves (their own error
 # is often the real cause) before they are ended (``procs.END_GRACE_S`` after SIGTERM).
@@ -336,8 +335,7 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
         commands = [[word.replace("{dir}", folder) for word in cmd] for cmd in commands]
         given, env = env or {}, {k: v for k, v in os.environ.items()
                                  # Only the launcher decides these, so a table shows what it set.
-                                 if k not in ENV_NAMES and k not in ("GROUP_WORLD_SIZE",
-                                                                     "TORCHELASTIC_USE_AGENT_STORE")}
+                                 if k not in TORCHRUN_VARIABLES and k != "TORCHELASTIC_USE_AGENT_STORE"}
         hook = os.path.join(folder, "hook")
         os.mkdir(hook)
         with open(os.path.join(hook, "sitecustomize.py"), "w") as f:

@@ -34,6 +34,7 @@ import os
 import uuid
 from typing import Any, Callable
 
+from ..env import worker_env
 from ..errors import ConfigError, DdplabError
 from ..rank import engine, owngroup
 from .calls import Calls
@@ -110,11 +111,10 @@ def torchrun_env(hosts: list[dict], world_size: int, host: str,
     for node in hosts:
         for local_rank, rank in enumerate(node["ranks"]):
             envs[rank] = {
-                "RANK": str(rank), "LOCAL_RANK": str(local_rank),
-                "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(len(node["ranks"])),
-                "GROUP_RANK": str(node["node_rank"]), "GROUP_WORLD_SIZE": str(len(hosts)),
-                "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size),
-                "ROLE_NAME": "default", "MASTER_ADDR": host, "MASTER_PORT": str(port),
+                **worker_env(rank, world_size, host, port, local_rank=local_rank,
+                             local_world_size=len(node["ranks"]), node_rank=node["node_rank"],
+                             nnodes=len(hosts)),
+                "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size), "ROLE_NAME": "default",
                 "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0",
                 "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True",
             }

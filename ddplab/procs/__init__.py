@@ -17,6 +17,8 @@ Two layers, one owner:
 - ``reaper``: ``become_subreaper``, so that orphans a process's descendants
   leave (double fork, ``setsid``) stay its descendants, and
   ``end_descendants`` to end them all; engines and grading workers use it.
+  ``parent_gone``: whether the process that started this one has exited,
+  what every watcher of the kernel polls.
 
 ``tools/check_layout.py`` holds every other module to it: only this package
 calls ``Popen`` or ``subprocess.run`` or signals a process.
@@ -25,7 +27,7 @@ calls ``Popen`` or ``subprocess.run`` or signals a process.
 from __future__ import annotations
 
 from .group import Exit, Group, Results, run
-from .reaper import become_subreaper, end_descendants, hide_memory
+from .reaper import become_subreaper, end_descendants, hide_memory, parent_gone
 from .tree import (
                    END_GRACE_S,
                    KILL_WAIT_S,
@@ -41,5 +43,5 @@ from .tree import (
 )
 
 __all__ = ["END_GRACE_S", "Exit", "Group", "KILL_WAIT_S", "Member", "Results", "Tree", "alive",
-           "become_subreaper", "descendants", "end_descendants", "end_tree", "hide_memory", "process",
-           "run", "run_command", "send", "start"]
+           "become_subreaper", "descendants", "end_descendants", "end_tree", "hide_memory",
+           "parent_gone", "process", "run", "run_command", "send", "start"]

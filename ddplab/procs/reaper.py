@@ -44,6 +44,18 @@ def hide_memory() -> bool:
     return _prctl(PR_SET_DUMPABLE, 0)
 
 
+def parent_gone(parent_pid: int) -> bool:
+    """Whether the process that started this one (``parent_pid``) has exited.
+
+    A process whose parent exits is re-parented (to init, or to the nearest
+    subreaper), so its ppid changes: cheaper than ``kill(pid, 0)``, and never
+    fooled by another process that got the same pid. An engine's guard, the
+    engine template and the MPI watcher each poll it to end themselves, and
+    what they started, when the kernel is gone.
+    """
+    return os.getppid() != parent_pid
+
+
 def end_descendants(grace: float = 1.0) -> list:
     """End every process below this one (adopted orphans included); return survivors (normally none)."""
     return end_tree(*descendants(os.getpid()), grace=grace)

@@ -25,6 +25,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
+from ..env import TORCHRUN_VARIABLES
 from . import debugger, flight, output
 from .where import CELL_FILENAME  # "<rank cell 3>": ``where`` owns the spelling
 
@@ -75,11 +76,6 @@ def open_store(host: str, world_size: int, timeout_s: float) -> int:
     return store.port
 
 
-#: The variables torchrun sets; bare ranks start without them, so the student sets them.
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                      "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
 def _watch_stack(stack_file: str, kernel_path: list[str]) -> None:
     """Let the kernel import the notebook's modules here, and ask this rank for its stack.
 
@@ -120,7 +116,7 @@ def stay_bare(stack_file: str, kernel_path: list[str], names: dict[str, Any]) ->
     one. ``names`` (``rank``, ``world_size``, ``port``, ``lab_dir``) go into
     the rank's namespace. Returns the pid.
     """
-    for name in TORCHRUN_VARIABLES:
+    for name in TORCHRUN_VARIABLES:       # bare ranks start without them: the student sets them
         os.environ.pop(name, None)
     _watch_stack(stack_file, kernel_path)
     debugger.settle(names["rank"], os.path.dirname(stack_file))

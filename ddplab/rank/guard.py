@@ -31,12 +31,6 @@ import time
 POLL_SECONDS = 0.5
 
 
-def _parent_alive(parent_pid: int) -> bool:
-    # Once the parent dies we are re-parented (to init or a subreaper),
-    # so our ppid changes; that is cheaper and race-free compared to kill(pid, 0).
-    return os.getppid() == parent_pid
-
-
 def _end_children() -> None:
     # The controller forks its schedulers; os._exit would leave them behind. As a
     # subreaper, our descendants include every orphan the rank's code detached.
@@ -48,7 +42,8 @@ def watch_parent(parent_pid: int, cleanup_dir: str | None = None) -> threading.T
     """Start a daemon thread that ends this process when ``parent_pid`` is gone."""
 
     def watch() -> None:
-        while _parent_alive(parent_pid):
+        from ddplab.procs import parent_gone
+        while not parent_gone(parent_pid):
             time.sleep(POLL_SECONDS)
         _end_children()
         if cleanup_dir:

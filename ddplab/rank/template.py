@@ -217,8 +217,9 @@ def serve(path: str, parent_pid: int) -> None:
     global _parent_pid
     _parent_pid = parent_pid
     print("ready", flush=True)             # the kernel waits for this line
+    from ddplab.procs import parent_gone
     try:
-        while os.getppid() == parent_pid:
+        while not parent_gone(parent_pid):
             try:
                 conn, _ = server.accept()
             except TimeoutError:
@@ -230,7 +231,7 @@ def serve(path: str, parent_pid: int) -> None:
     finally:
         _end_children()
         server.close()
-        if os.getppid() != parent_pid:     # the kernel died; after a SIGTERM, it cleans up itself
+        if parent_gone(parent_pid):        # the kernel died; after a SIGTERM, it cleans up itself
             for lab_dir in _lab_dirs:
                 shutil.rmtree(lab_dir, ignore_errors=True)
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)

@@ -193,7 +193,7 @@ def watch_parent(parent: int, command: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: ending.append(True))
     while child.poll() is None:
-        if ending or os.getppid() != parent:
+        if ending or procs.parent_gone(parent):
             procs.end_tree(child, grace=2)
             break
         time.sleep(0.2)
