@@ -2,7 +2,11 @@
 
 Every test runs under the leak check (``leakcheck``): the suite has a temporary
 folder of its own, and a test, module or notebook that leaves a ``ddplab-*``
-entry there, or a live process, fails at its teardown, named.
+entry there, or a live process, fails at its teardown, named. The check is a
+plugin of the whole run, so the notebooks that nbval runs beside the tests
+(``make test``) are checked too. No ``conftest.py`` sits beside the notebooks
+or at the top: pytest keeps one module named ``conftest`` at a time, and the
+tests, and the ranks that import a test's module, must find this one.
 """
 
 from __future__ import annotations

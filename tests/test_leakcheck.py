@@ -68,7 +68,8 @@ def test_the_check_fails_a_test_that_leaks_and_names_it(tmp_path):
 
 def test_a_run_of_the_tests_and_the_notebooks_imports_the_tests_conftest():
     """``make test`` collects tests/ and notebooks/ in one run: ``from conftest import ...`` in a
-    test module must find tests/conftest.py, not a conftest.py beside the notebooks."""
+    test module must find tests/conftest.py, not a conftest.py beside the notebooks (nor one
+    at the top, which a rank importing a test's module would find first, in its working folder)."""
     ran = procs.run([[sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                       "tests/test_magics.py", "tests/test_late.py", "notebooks/00_setup.ipynb", "--nbval"]],
                     120, cwd=str(TESTS.parent))
