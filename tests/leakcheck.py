@@ -159,8 +159,19 @@ def _owned() -> tuple[set[str], set[int]]:
             if not lab.running:
                 continue
             dirs.add(lab.directory)
+            # Engines on hosts keep a folder per rank, made by the engine (``rank_directory``),
+            # and a lab.restart() during a test makes new ones: the lab's, not the test's.
+            directory_of = getattr(lab.engines, "rank_directory", None)
+            for rank in lab.ranks if directory_of is not None else ():
+                try:
+                    dirs.add(directory_of(rank))
+                except (KeyError, IndexError):      # an engine not described (yet, or any more)
+                    continue
             ranks = [pid for pid in lab.pids if psutil.pid_exists(pid)]
             roots |= {*ranks, *filter(None, [lab.controller_pid])}
+            # Engines on hosts: the ssh sessions or mpiexec's watcher that hold them, which a
+            # lab.restart() during a test replaces.
+            roots |= set(getattr(lab.engines, "local_pids", ()))
             for pid in ranks:             # an engine's parent: the template that forked it
                 try:
                     parent = psutil.Process(pid).ppid()
@@ -184,11 +195,21 @@ def _owned() -> tuple[set[str], set[int]]:
     return dirs, pids
 
 
+def _process_wide(pid: int) -> bool:
+    """A helper Python keeps for the whole process once started: multiprocessing's resource
+    tracker (``mp.spawn`` starts it, Python ends it at exit), not something a test left."""
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+
+
 def left_behind(began: tuple[set[str], set[int]]) -> tuple[set, set]:
     """The entries and processes new since ``began`` that no live fixture owns, after ``SETTLE_S``."""
     deadline = time.monotonic() + SETTLE_S
     while True:
-        dirs, pids = lab_dirs() - began[0], my_process_tree() - began[1]
+        dirs = lab_dirs() - began[0]
+        pids = {pid for pid in my_process_tree() - began[1] if not _process_wide(pid)}
         if dirs or pids:
             owned_dirs, owned_pids = _owned()
             dirs, pids = dirs - owned_dirs, pids - owned_pids

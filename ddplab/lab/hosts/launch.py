@@ -214,6 +214,18 @@ class HostEngines:
         return client
 
     @property
+    def local_pids(self) -> list[int]:
+        """The processes this launch keeps on this machine: the controller, and what holds the
+        engines (an ssh session per host, or mpiexec's watcher; a Slurm job holds none here)."""
+        pids = [self.controller_pid] if self.controller_pid else []
+        es = self.engine_set
+        if self.engines == "ssh" and es is not None:
+            pids += [s.proc.pid for s in es.sessions]
+        elif getattr(es, "pid", None):
+            pids.append(es.pid)
+        return pids
+
+    @property
     def engine_set(self) -> Any:
         """ipyparallel's engine launcher of this launch (None before start)."""
         sets = list(self.cluster.engines.values()) if self.cluster is not None else []

@@ -134,6 +134,12 @@ class HostRanks:
         return None if self._launch is None else self._launch.controller_pid
 
     @property
+    def local_pids(self) -> list[int]:
+        """The processes ddplab runs on this machine for these engines (see ``HostEngines``);
+        none for engines you started and attached to."""
+        return [] if self._launch is None else self._launch.local_pids
+
+    @property
     def hosts(self) -> list[dict]:
         """One entry per host, in node-rank order: address, hostname, ranks."""
         out = []
