@@ -71,7 +71,7 @@ if [ -z "$gpus" ] || [ "$gpus" -eq 0 ]; then
 fi
 
 # The GPU-marked tests: placement by GPU count, torchrun on CUDA.
-step gpu_tests 120 "$py" -m pytest tests -m gpu -q -p no:cacheprovider -x
+step gpu_tests 120 "$py" -m pytest tests -m gpu -q -p no:cacheprovider
 
 # Notebook 05 as a student runs it: ddplab.start's backend="auto" picks nccl with a GPU per
 # rank, else gloo on a shared GPU. Outputs differ from the stored CPU ones, so nothing is
