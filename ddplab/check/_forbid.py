@@ -11,6 +11,13 @@ naming the ``dist`` function that was called and the student's line.
 
 What it does not see: torch's functional collectives
 (``torch.distributed._functional_collectives``), which reach the backend in C++.
+
+Chapters that build a library's mechanism (DDP's overlap, ZeRO, FSDP, a
+pipeline schedule) keep the collectives and refuse the library instead:
+``refusing_library`` makes constructing the class that every use of that
+library goes through raise, however it was imported. ``fully_shard`` is a
+function, but it always builds an ``FSDPState``; ``pipeline()`` builds a
+``Pipe``; ``batch_isend_irecv`` takes ``P2POp``s.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import contextlib
 import sys
 from typing import Iterator
 
-__all__ = ["COLLECTIVES", "forbidding"]
+__all__ = ["COLLECTIVES", "LIBRARY", "forbidding", "refusing_library"]
 
 #: torch's collectives, by the ``dist`` function a student knows, and the methods of a
 #: process group (or its backend) that carry each one out.
@@ -37,6 +44,23 @@ _METHODS = {
 }
 #: Every collective that moves data (``barrier`` moves none, and stays allowed).
 COLLECTIVES = tuple(_METHODS)
+
+#: torch's parallelism libraries, by the name a student knows, and the classes
+#: (module, class) whose ``__init__`` every use of each one runs.
+_CLASSES = {
+    "DistributedDataParallel": (("torch.nn.parallel.distributed", "DistributedDataParallel"),),
+    "ZeroRedundancyOptimizer": (("torch.distributed.optim.zero_redundancy_optimizer",
+                                 "ZeroRedundancyOptimizer"),),
+    "fully_shard": (("torch.distributed.fsdp._fully_shard._fsdp_state", "FSDPState"),),
+    "FullyShardedDataParallel": (("torch.distributed.fsdp.fully_sharded_data_parallel",
+                                  "FullyShardedDataParallel"),),
+    "torch.distributed.pipelining": (("torch.distributed.pipelining.stage", "_PipelineStageBase"),
+                                     ("torch.distributed.pipelining.schedules", "_PipelineSchedule"),
+                                     ("torch.distributed.pipelining._IR", "Pipe")),
+    "batch_isend_irecv": (("torch.distributed.distributed_c10d", "P2POp"),),
+}
+#: Every library ``refusing_library`` knows.
+LIBRARY = tuple(_CLASSES)
 
 
 def _classes() -> list[type]:
@@ -92,3 +116,46 @@ def forbidding(collectives: tuple[str, ...], exercise: str, builds: str = "all_r
     finally:
         for cls, method, value in reversed(saved):
             setattr(cls, method, value)
+
+
+def _library_refusal(name: str, exercise: str, builds: str):
+    def refuse(self, *args, **kwargs):
+        __tracebackhide__ = True
+        from ddplab.rank.where import locate, records
+
+        found = locate(records(sys._getframe(1)))
+        at = f" (at {found.line})" if found.line else ""
+        raise AssertionError(
+            f"{exercise} builds {builds} by hand, so it may not use torch's {name}{at}. The check "
+            f"refuses the library itself, whatever name it is imported by. Write it from the "
+            f"tensors and the dist calls the exercise names.")
+    return refuse
+
+
+@contextlib.contextmanager
+def refusing_library(names: tuple[str, ...], exercise: str, builds: str) -> Iterator[None]:
+    """While the block runs, using the libraries ``names`` (from ``LIBRARY``) raises on this rank.
+
+    Collectives stay allowed: building DDP by hand means calling ``dist.all_reduce``.
+    ``exercise`` and ``builds`` name the exercise and what it builds, for the message.
+    """
+    import importlib
+
+    unknown = sorted(set(names) - set(_CLASSES))
+    if unknown:
+        raise ValueError(f"ddplab: refusing_library() knows {', '.join(LIBRARY)}, "
+                         f"not {', '.join(unknown)}.")
+    saved = []
+    try:
+        for name in names:
+            for module, cls_name in _CLASSES[name]:
+                cls = getattr(importlib.import_module(module), cls_name)
+                saved.append((cls, cls.__dict__.get("__init__")))
+                cls.__init__ = _library_refusal(name, exercise, builds)
+        yield
+    finally:
+        for cls, init in reversed(saved):
+            if init is None:                # it inherited its __init__: inherit it again
+                del cls.__init__
+            else:
+                cls.__init__ = init
