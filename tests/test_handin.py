@@ -71,6 +71,7 @@ def test_files_named_on_the_command_line_keep_their_names(tmp_path):
     found = handed_in([alone, in_folder, tmp_path / "link.ipynb"], NAMES)
     assert [(h.student, bool(h.refused)) for h in found] == [("carol", False), ("dave", False),
                                                              ("link", True)]
+    assert [h.student for h in handed_in([tmp_path / "dave", in_folder], NAMES)] == ["dave"]  # once
     with pytest.raises(FileNotFoundError, match="does not exist"):
         handed_in([tmp_path / "nobody"], NAMES)
 

@@ -104,27 +104,36 @@ def handed_in(paths: list[str | Path], reference_names: set[str]) -> list[HandIn
     everything found inside a folder comes back, refused or not.
     """
     found: list[HandIn] = []
+    seen: set[Path] = set()
     for named in map(Path, paths):
-        if named.is_dir():                   # a folder the instructor names is trusted; links in it are not
-            seen: dict[tuple[str, str], Path] = {}
-            for path in _entries(named):
-                student = _student(path, named, reference_names)
-                refused = _why_not(path)
-                if not refused and path.suffix == ".ipynb":
-                    first = seen.setdefault((student, path.name), path)
-                    if first != path:
-                        refused = (f"is a second {path.name} in {student}'s folder; one submission per "
-                                   f"notebook per student: {first.relative_to(named)} is the one graded")
-                found.append(HandIn(path, student, refused))
-        elif named.suffix == ".ipynb" and (named.exists() or named.is_symlink()):
-            found.append(HandIn(named, _student(named, None, reference_names), _why_not(named)))
-        elif not named.exists():
-            raise FileNotFoundError(f"ddplab: {named} does not exist. Check the path, and name "
-                                    f"notebooks (.ipynb) or folders that hold them.")
-        else:
-            raise FileNotFoundError(f"ddplab: {named} is neither a notebook (.ipynb) nor a folder. "
-                                    f"Name notebooks or folders that hold them.")
+        for handin in _named(named, reference_names):
+            if handin.path.absolute() not in seen:     # a file named twice is one submission
+                seen.add(handin.path.absolute())
+                found.append(handin)
     return found
+
+
+def _named(named: Path, reference_names: set[str]) -> list[HandIn]:
+    """The submissions in one path given on the command line."""
+    if named.is_dir():                   # a folder the instructor names is trusted; links in it are not
+        found, first = [], {}
+        for path in _entries(named):
+            student = _student(path, named, reference_names)
+            refused = _why_not(path)
+            if not refused and path.suffix == ".ipynb":
+                graded = first.setdefault((student, path.name), path)
+                if graded != path:
+                    refused = (f"is a second {path.name} in {student}'s folder; one submission per "
+                               f"notebook per student: {graded.relative_to(named)} is the one graded")
+            found.append(HandIn(path, student, refused))
+        return found
+    if named.suffix == ".ipynb" and (named.exists() or named.is_symlink()):
+        return [HandIn(named, _student(named, None, reference_names), _why_not(named))]
+    if not named.exists():
+        raise FileNotFoundError(f"ddplab: {named} does not exist. Check the path, and name "
+                                f"notebooks (.ipynb) or folders that hold them.")
+    raise FileNotFoundError(f"ddplab: {named} is neither a notebook (.ipynb) nor a folder. "
+                            f"Name notebooks or folders that hold them.")
 
 
 def read_text(path: Path) -> str:
