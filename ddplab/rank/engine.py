@@ -19,7 +19,6 @@ import datetime
 import faulthandler
 import linecache
 import os
-import re
 import signal
 import sys
 import traceback
@@ -29,7 +28,6 @@ from ..env import TORCHRUN_VARIABLES
 from . import debugger, flight, output
 from .where import CELL_FILENAME  # "<rank cell 3>": ``where`` owns the spelling
 
-_SITE_PACKAGES = re.compile(r'[^"\s]*?site-packages/')
 _state: dict[str, Any] = {"cells": 0, "store": None, "stack_file": None}
 
 
@@ -202,7 +200,18 @@ def relative_to_site_packages(text: str) -> str:
     Library paths differ per machine; relative to site-packages they do not,
     so a stored traceback or stack compares equal everywhere.
     """
-    return _SITE_PACKAGES.sub("", text)
+    # One pass, no regex: a pattern like ``[^"\s]*?site-packages/`` retries from every
+    # start position, so a 100k-character word (an exception message of one long token)
+    # took a minute and 10 MB never ended, with the rank stuck in the formatter.
+    marker, kept, start = "site-packages/", [], 0
+    while (found := text.find(marker, start)) >= 0:
+        cut = found                      # back to the path's start: after a space or a quote
+        while cut > start and not text[cut - 1].isspace() and text[cut - 1] != '"':
+            cut -= 1
+        kept.append(text[start:cut])
+        start = found + len(marker)
+    kept.append(text[start:])
+    return "".join(kept)
 
 
 def _is_user_file(filename: str) -> bool:
