@@ -135,6 +135,9 @@ def release(paths: list[str | Path], out_dir: str | Path) -> list[Path]:
     never leaves a half-released course.
     """
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ReleaseError(f"ddplab release: -o {out_dir} is a file; -o names the folder the "
+                           f"student versions go to. Name a folder (it is made if it does not exist).")
     sources = notebooks_in(paths)
     if not sources:
         raise FileNotFoundError(f"ddplab release: no notebooks in {', '.join(map(str, paths))}.")
@@ -145,7 +148,11 @@ def release(paths: list[str | Path], out_dir: str | Path) -> list[Path]:
                            f"notebooks share one folder, so give them different names.")
     _refuse_overwriting_sources(sources, out_dir)
     students = [release_notebook(read_notebook(p, ReleaseError), p.name) for p in sources]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReleaseError(f"ddplab release: -o {out_dir} cannot be made ({e.strerror}). Name a "
+                           f"folder you can write to.") from e
     written = []
     for path, nb in zip(sources, students):
         target = out_dir / path.name
