@@ -137,12 +137,33 @@ def reduce_scatter_flat(grad):
 """}
 
 
+def answer(code: str) -> dict:
+    """What a notebook cell with ``code`` defines, as a student's own code (shipped by value)."""
+    names = {"__name__": "student_answer"}
+    exec(compile(code, "<exercise cell>", "exec"), names)
+    return names
+
+
+def overlap(code: str) -> None:
+    names = answer(code)
+    build_ddp.overlap_hooks(names["overlap_hooks"], names["wait_for_gradients"])
+
+
+def bucketed(code: str) -> None:
+    build_ddp.bucketed_all_reduce(answer(code)["bucketed_all_reduce"])
+
+
+def zero1(code: str) -> None:
+    build_sharded.zero1_adam(answer(code)["Zero1Adam"])
+
+
+def fsdp(code: str) -> None:
+    names = answer(code)
+    build_sharded.fsdp_flat(names["shard_flat"], names["gather_flat"], names["reduce_scatter_flat"])
+
+
 @pytest.fixture
 def lab(fresh_lab):
-    """The 2-rank lab, with the names of an earlier test's answer gone."""
-    fresh_lab.run_cell("for _name in ('overlap_hooks', 'wait_for_gradients', 'bucketed_all_reduce', "
-                       "'Zero1Adam', 'shard_flat', 'gather_flat', 'reduce_scatter_flat'):\n"
-                       "    globals().pop(_name, None)\n")
     return fresh_lab
 
 
@@ -160,49 +181,45 @@ def test_bucket_plan_closes_a_bucket_once_it_holds_the_cap():
 
 # ----------------------------------------------------------------- overlap
 def test_overlap_reference_passes(lab, capsys):
-    lab.run_cell(OVERLAP)
-    build_ddp.overlap_hooks()
+    overlap(OVERLAP)
     assert last_line(capsys).startswith("Correct: overlap_hooks: each gradient's all_reduce started "
                                         "inside backward()")
 
 
 def test_overlap_stub_fails(lab):
-    lab.run_cell(STUBS["overlap"])
-    fails(build_ddp.overlap_hooks, "raised NotImplementedError")
+    fails(lambda: overlap(STUBS["overlap"]), "raised NotImplementedError")
 
 
-def test_overlap_missing_function_fails(lab):
-    lab.run_cell(OVERLAP.split("def wait_for_gradients")[0])
-    fails(build_ddp.overlap_hooks, "no function `wait_for_gradients`")
+def test_overlap_without_a_function_fails(lab):
+    fails(lambda: build_ddp.overlap_hooks(answer(OVERLAP)["overlap_hooks"], None),
+          "needs your wait_for_gradients")
 
 
 def test_overlap_with_ddp_is_refused(lab):
-    lab.run_cell(IMPORTS + """
+    fails(lambda: overlap(IMPORTS + """
 from torch.nn.parallel import DistributedDataParallel as Wrapped
 def overlap_hooks(model):
     Wrapped(model)
     return []
 def wait_for_gradients(handles):
     pass
-""")
-    fails(build_ddp.overlap_hooks, "may not use torch's DistributedDataParallel")
+"""), "may not use torch's DistributedDataParallel")
 
 
 def test_overlap_gradients_averaged_twice_fails(lab):
-    lab.run_cell(OVERLAP.replace("handles.clear()",
+    fails(lambda: overlap(OVERLAP.replace("handles.clear()",
                                  "handles.clear()\n    for p in []: pass")
                  .replace("p.grad /= dist.get_world_size()",
-                          "p.grad /= dist.get_world_size() ** 2"))
-    fails(build_ddp.overlap_hooks, "averaged twice")
+                          "p.grad /= dist.get_world_size() ** 2")), "averaged twice")
 
 
 def test_overlap_missing_wait_fails(lab):
-    lab.run_cell(OVERLAP.replace("        handle.wait()\n", "        pass\n"))
-    fails(build_ddp.overlap_hooks, "a missing wait", "never waited for")
+    fails(lambda: overlap(OVERLAP.replace("        handle.wait()\n", "        pass\n")),
+          "a missing wait", "never waited for")
 
 
 def test_overlap_all_reduce_after_backward_fails(lab):
-    lab.run_cell(IMPORTS + """
+    fails(lambda: overlap(IMPORTS + """
 def overlap_hooks(model):
     return list(model.parameters())
 
@@ -211,149 +228,133 @@ def wait_for_gradients(params):
         h.wait()
     for p in params:
         p.grad /= dist.get_world_size()
-""")
-    fails(build_ddp.overlap_hooks, "after backward() had ended", "never overlaps")
+"""), "after backward() had ended", "never overlaps")
 
 
 def test_overlap_blocking_all_reduce_fails(lab):
-    lab.run_cell(OVERLAP.replace("handles.append(dist.all_reduce(p.grad, async_op=True))",
-                                 "dist.all_reduce(p.grad)"))
-    fails(build_ddp.overlap_hooks, "blocking")
+    fails(lambda: overlap(OVERLAP.replace("handles.append(dist.all_reduce(p.grad, async_op=True))",
+                                 "dist.all_reduce(p.grad)")), "blocking")
 
 
 # ----------------------------------------------------------------- bucketed
 def test_bucketed_reference_passes(lab, capsys):
-    lab.run_cell(BUCKETED)
-    build_ddp.bucketed_all_reduce()
+    bucketed(BUCKETED)
     assert last_line(capsys).startswith("Correct: bucketed_all_reduce: 3 buckets")
 
 
 def test_bucketed_stub_fails(lab):
-    lab.run_cell(STUBS["bucketed"])
-    fails(build_ddp.bucketed_all_reduce, "raised NotImplementedError")
+    fails(lambda: bucketed(STUBS["bucketed"]), "raised NotImplementedError")
 
 
 def test_bucketed_with_ddp_is_refused(lab):
-    lab.run_cell(IMPORTS + """
+    fails(lambda: bucketed(IMPORTS + """
 def bucketed_all_reduce(model, bucket_cap_bytes):
     torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_bytes / 2**20)
-""")
-    fails(build_ddp.bucketed_all_reduce, "may not use torch's DistributedDataParallel")
+"""), "may not use torch's DistributedDataParallel")
 
 
 def test_bucketed_buckets_flushed_in_the_wrong_order_fails(lab):
-    lab.run_cell(BUCKETED.replace("    for bucket in buckets:", "    for bucket in buckets[::-1]:"))
-    fails(build_ddp.bucketed_all_reduce, "flushed in the wrong order")
+    wrong_order = BUCKETED.replace("    for bucket in buckets:", "    for bucket in buckets[::-1]:")
+    fails(lambda: bucketed(wrong_order),
+          "flushed in the wrong order")
 
 
 def test_bucketed_forward_order_fails(lab):
-    lab.run_cell(BUCKETED.replace("reversed(list(model.parameters()))", "model.parameters()"))
-    fails(build_ddp.bucketed_all_reduce, "forward order")
+    fails(lambda: bucketed(BUCKETED.replace("reversed(list(model.parameters()))", "model.parameters()")),
+          "forward order")
 
 
 def test_bucketed_averaged_twice_fails(lab):
-    lab.run_cell(BUCKETED.replace("flat /= dist.get_world_size()",
-                                  "flat /= dist.get_world_size() ** 2"))
-    fails(build_ddp.bucketed_all_reduce, "averaged twice")
+    fails(lambda: bucketed(BUCKETED.replace("flat /= dist.get_world_size()",
+                                  "flat /= dist.get_world_size() ** 2")), "averaged twice")
 
 
 # ----------------------------------------------------------------- ZeRO-1
 def test_zero1_reference_passes(lab, capsys):
-    lab.run_cell(ZERO1)
-    build_sharded.zero1_adam()
+    zero1(ZERO1)
     assert last_line(capsys).startswith("Correct: Zero1Adam: each rank keeps Adam state for its "
                                         "shard only (1712 bytes)")
 
 
 def test_zero1_stub_fails(lab):
-    lab.run_cell(STUBS["zero1"])
-    fails(build_sharded.zero1_adam, "raised NotImplementedError")
+    fails(lambda: zero1(STUBS["zero1"]), "raised NotImplementedError")
 
 
 def test_zero1_with_zero_redundancy_optimizer_is_refused(lab):
-    lab.run_cell(IMPORTS + """
+    fails(lambda: zero1(IMPORTS + """
 from torch.distributed.optim import ZeroRedundancyOptimizer
 def Zero1Adam(params, lr):
     return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, lr=lr)
-""")
-    fails(build_sharded.zero1_adam, "may not use torch's ZeroRedundancyOptimizer")
+"""), "may not use torch's ZeroRedundancyOptimizer")
 
 
 def test_zero1_gradients_averaged_twice_fails(lab):
-    lab.run_cell(ZERO1.replace(".clone()\n        self.adam.step()",
-                               ".clone() / self.world\n        self.adam.step()"))
-    fails(build_sharded.zero1_adam, "averaged twice")
+    fails(lambda: zero1(ZERO1.replace(".clone()\n        self.adam.step()",
+                               ".clone() / self.world\n        self.adam.step()")), "averaged twice")
 
 
 def test_zero1_without_padding_fails(lab):
-    lab.run_cell(ZERO1.replace("self.size = -(-self.numel // self.world)",
+    fails(lambda: zero1(ZERO1.replace("self.size = -(-self.numel // self.world)",
                                "self.size = self.numel // self.world")
                  .replace("torch.cat([flat, flat.new_zeros(self.size * self.world - self.numel)])",
                           "flat")
                  .replace("for p in self.params:\n                p.copy_(",
                           "for p in self.params:\n                if offset + p.numel() > "
-                          "everything.numel():\n                    break\n                p.copy_("))
-    fails(build_sharded.zero1_adam, "never changed", "pad the flat tensor")
+                          "everything.numel():\n                    break\n                p.copy_(")),
+          "never changed", "pad the flat tensor")
 
 
 def test_zero1_whole_model_state_fails(lab):
-    lab.run_cell(ZERO1 + """
+    fails(lambda: zero1(ZERO1 + """
 _right_init = Zero1Adam.__init__
 def _init(self, params, lr):
     _right_init(self, params, lr)
     self.everything = torch.optim.Adam(self.params, lr=lr)
     self.everything.state[self.params[0]] = {"exp_avg": torch.zeros(self.numel, dtype=torch.float64)}
 Zero1Adam.__init__ = _init
-""")
-    fails(build_sharded.zero1_adam, "keeps state for more than its own shard")
+"""), "keeps state for more than its own shard")
 
 
 def test_zero1_shards_not_gathered_fails(lab):
-    lab.run_cell(ZERO1.replace("dist.all_gather_into_tensor(everything, self.shard.detach())",
+    fails(lambda: zero1(ZERO1.replace("dist.all_gather_into_tensor(everything, self.shard.detach())",
                                "everything[self.rank * self.size:(self.rank + 1) * self.size] = "
                                "self.shard.detach()\n        everything = self.padded(self.params)"
-                               " if False else everything"))
-    fails(build_sharded.zero1_adam, "differ from one process")
+                               " if False else everything")), "differ from one process")
 
 
 # ----------------------------------------------------------------- FSDP
 def test_fsdp_reference_passes(lab, capsys):
-    lab.run_cell(FSDP)
-    build_sharded.fsdp_flat()
+    fsdp(FSDP)
     assert last_line(capsys).startswith("Correct: shard_flat, gather_flat and reduce_scatter_flat")
 
 
 def test_fsdp_stub_fails(lab):
-    lab.run_cell(STUBS["fsdp"])
-    fails(build_sharded.fsdp_flat, "raised NotImplementedError")
+    fails(lambda: fsdp(STUBS["fsdp"]), "raised NotImplementedError")
 
 
 def test_fsdp_with_fully_shard_is_refused(lab):
-    lab.run_cell(FSDP.replace("def shard_flat(flat):\n", """def shard_flat(flat):
+    fails(lambda: fsdp(FSDP.replace("def shard_flat(flat):\n", """def shard_flat(flat):
     from torch.distributed.fsdp import fully_shard
     fully_shard(torch.nn.Linear(2, 2))
-"""))
-    fails(build_sharded.fsdp_flat, "may not use torch's fully_shard")
+""")), "may not use torch's fully_shard")
 
 
 def test_fsdp_padding_left_in_fails(lab):
-    lab.run_cell(FSDP.replace("return everything[:numel]", "return everything"))
-    fails(build_sharded.fsdp_flat, "the padding was left in")
+    fails(lambda: fsdp(FSDP.replace("return everything[:numel]", "return everything")),
+          "the padding was left in")
 
 
 def test_fsdp_not_padded_fails(lab):
-    lab.run_cell(FSDP.replace("""    size = -(-flat.numel() // world)
+    fails(lambda: fsdp(FSDP.replace("""    size = -(-flat.numel() // world)
     padded = torch.cat([flat, flat.new_zeros(size * world - flat.numel())])
     return padded[rank * size:(rank + 1) * size].clone()""",
-                              "    return flat.tensor_split(world)[rank].clone()"))
-    fails(build_sharded.fsdp_flat, "padded with zeros first")
+                              "    return flat.tensor_split(world)[rank].clone()")),
+          "padded with zeros first")
 
 
 def test_fsdp_reduce_scatter_averaged_twice_fails(lab):
-    lab.run_cell(FSDP.replace("return mine / world", "return mine / world / world"))
-    fails(build_sharded.fsdp_flat, "averaged twice")
+    fails(lambda: fsdp(FSDP.replace("return mine / world", "return mine / world / world")), "averaged twice")
 
 
 def test_fsdp_reduce_scatter_not_averaged_fails(lab):
-    lab.run_cell(FSDP.replace("return mine / world", "return mine"))
-    fails(build_sharded.fsdp_flat, "never divided by world_size")
+    fails(lambda: fsdp(FSDP.replace("return mine / world", "return mine")), "never divided by world_size")

@@ -167,10 +167,10 @@ class AllReduceLog:
             work.wait()
 
 
-def student(name: str) -> Any:
-    """On a rank: the student's ``name`` from the rank's namespace, or ``MISSING``."""
-    from ddplab.rank.engine import namespace
 
-    from ._core import MISSING
-
-    return namespace().get(name, MISSING)
+def require_callables(call: str, **fns: Any) -> None:
+    """Raise naming the argument of ``call`` that is not a function (or class)."""
+    for name, fn in fns.items():
+        if not callable(fn):
+            raise AssertionError(f"{call} needs your {name}, but got {fn!r}. Run the exercise "
+                                 f"cell above without errors and pass what it defines.")

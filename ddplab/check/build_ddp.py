@@ -1,13 +1,13 @@
 """Checkers for notebook 12, part 1: DDP built by hand, overlapped and bucketed.
 
-    ddplab.check.overlap_hooks()         # overlap_hooks(model) + wait_for_gradients(handles)
-    ddplab.check.bucketed_all_reduce()   # bucketed_all_reduce(model, bucket_cap_bytes)
+    ddplab.check.overlap_hooks(overlap_hooks, wait_for_gradients)
+    ddplab.check.bucketed_all_reduce(bucketed_all_reduce)   # (model, bucket_cap_bytes)
 
-Each reads the student's functions from the ranks (the exercise cells are
-``%%ranks`` cells), trains ``_steps64.model()`` with them for a few SGD
-steps, every rank on its own rows of each batch, and compares the weights
-with one process trained on the whole batch in float64 (1e-12). The
-student's ``dist.all_reduce`` calls are recorded (``AllReduceLog``): the
+Each ships the student's functions to the ranks (cloudpickle), trains
+``_steps64.model()`` with them for a few SGD steps, every rank on its own
+rows of each batch, and compares the weights with one process trained on
+the whole batch in float64 (1e-12). The student's ``dist.all_reduce`` calls
+are recorded (``AllReduceLog``): the
 overlap check asserts from their order that an all_reduce started while
 ``backward()`` was still running and that every handle was waited for before
 the optimizer step; the bucket check that the buckets went out in the order
@@ -21,7 +21,7 @@ from typing import Any
 
 from ..text import plural
 from . import _steps64 as steps64
-from ._core import MISSING, is_missing, lab_or_current, passed, require_function, run_student_code
+from ._core import lab_or_current, passed, run_student_code
 from ._forbid import refusing_library
 
 __all__ = ["bucketed_all_reduce", "overlap_hooks"]
@@ -33,14 +33,10 @@ _HANG = ("every rank must issue the same all_reduces in the same order, and wait
 
 
 # ------------------------------------------------------------------ on a rank
-def _train_overlap() -> Any:
+def _train_overlap(install: Any, finish: Any) -> Any:
     """On a rank: train with the student's hooks; the weights and the log of all_reduce calls."""
     import torch.distributed as dist
 
-    install, finish = steps64.student("overlap_hooks"), steps64.student("wait_for_gradients")
-    for name, fn in (("overlap_hooks", install), ("wait_for_gradients", finish)):
-        if is_missing(fn):
-            return {"missing": name}
     rank, world = dist.get_rank(), dist.get_world_size()
     net = steps64.model()
     opt = steps64.optimizer("sgd", net.parameters())
@@ -61,13 +57,10 @@ def _train_overlap() -> Any:
             "params": len(list(net.parameters()))}
 
 
-def _train_bucketed(cap: int) -> Any:
+def _train_bucketed(fn: Any, cap: int) -> Any:
     """On a rank: train with the student's bucketed all_reduce after each backward."""
     import torch.distributed as dist
 
-    fn = steps64.student("bucketed_all_reduce")
-    if is_missing(fn):
-        return fn
     rank, world = dist.get_rank(), dist.get_world_size()
     net = steps64.model()
     opt = steps64.optimizer("sgd", net.parameters())
@@ -103,14 +96,17 @@ OVERLAP_HINT = ("in overlap_hooks, register p.register_post_accumulate_grad_hook
                 "wait_for_gradients(handles) waits for each and empties the list.")
 
 
-def overlap_hooks(lab: Any = None) -> None:
-    """Check ``overlap_hooks(model)`` and ``wait_for_gradients(handles)``: DDP's overlap, by hand."""
+def overlap_hooks(install: Any, finish: Any, lab: Any = None) -> None:
+    """Check ``overlap_hooks(model)`` and ``wait_for_gradients(handles)``: DDP's overlap, by hand.
+
+    Called as ``ddplab.check.overlap_hooks(overlap_hooks, wait_for_gradients)``.
+    """
     __tracebackhide__ = True
+    steps64.require_callables("ddplab.check.overlap_hooks(overlap_hooks, wait_for_gradients)",
+                              overlap_hooks=install, wait_for_gradients=finish)
     lab = lab_or_current(lab)
     got = run_student_code("overlap_hooks(model) and wait_for_gradients(handles)", _train_overlap,
-                           lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
-    for name in ("overlap_hooks", "wait_for_gradients"):
-        require_function([MISSING if g.get("missing") == name else None for g in got], name)
+                           install, finish, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
     first = got[0]
     calls = first["calls"]
     if not calls:
@@ -152,13 +148,14 @@ BUCKET_HINT = ("go through the parameters in reverse (the order backward produce
                "dist.all_reduce, divide by world_size once, copy each piece back into its p.grad.")
 
 
-def bucketed_all_reduce(lab: Any = None) -> None:
+def bucketed_all_reduce(fn: Any, lab: Any = None) -> None:
     """Check ``bucketed_all_reduce(model, bucket_cap_bytes)``: DDP's buckets, reverse order, one call each."""
     __tracebackhide__ = True
+    steps64.require_callables("ddplab.check.bucketed_all_reduce(bucketed_all_reduce)",
+                              bucketed_all_reduce=fn)
     lab = lab_or_current(lab)
-    got = run_student_code(f"bucketed_all_reduce(model, {CAP_BYTES})", _train_bucketed, CAP_BYTES,
-                           lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
-    require_function(got, "bucketed_all_reduce")
+    got = run_student_code(f"bucketed_all_reduce(model, {CAP_BYTES})", _train_bucketed, fn,
+                           CAP_BYTES, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
     sizes = [p.numel() for p in steps64.model().parameters()]
     expected = plan(sizes[::-1], CAP_BYTES)
     calls = [call["numel"] for call in got[0]["calls"] if call["step"] == 0]

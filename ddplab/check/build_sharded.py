@@ -1,7 +1,7 @@
 """Checkers for notebook 12, part 2: ZeRO-1 and FSDP built by hand.
 
-    ddplab.check.zero1_adam()     # class Zero1Adam(params, lr) with .step()
-    ddplab.check.fsdp_flat()      # shard_flat(flat), gather_flat(shard, numel), reduce_scatter_flat(grad)
+    ddplab.check.zero1_adam(Zero1Adam)      # class Zero1Adam(params, lr) with .step()
+    ddplab.check.fsdp_flat(shard_flat, gather_flat, reduce_scatter_flat)
 
 ``zero1_adam`` trains ``_steps64.model()`` with the student's optimizer for a
 few Adam steps (the check averages the gradients first, as DDP would), and
@@ -21,12 +21,9 @@ from typing import Any
 
 from . import _steps64 as steps64
 from ._core import (
-    MISSING,
     compare,
-    is_missing,
     lab_or_current,
     passed,
-    require_function,
     run_student_code,
     same,
 )
@@ -59,13 +56,10 @@ def _state_bytes(optimizer: Any) -> int | None:
                if isinstance(v, torch.Tensor) and v.dim() > 0)
 
 
-def _train_zero1() -> Any:
-    """On a rank: train with the student's Zero1Adam; weights, initial weights and state bytes."""
+def _train_zero1(cls: Any) -> Any:
+    """On a rank: train with the student's Zero1Adam; the weights and the bytes of Adam state."""
     import torch.distributed as dist
 
-    cls = steps64.student("Zero1Adam")
-    if is_missing(cls):
-        return cls
     rank, world = dist.get_rank(), dist.get_world_size()
     net = steps64.model()
     with refusing_library(steps64.LIBRARY, "Zero1Adam", "ZeRO-1"):
@@ -88,13 +82,13 @@ ZERO_HINT = ("flatten the parameters into one float64 tensor, pad it with zeros 
              "and copy the values back into the parameters.")
 
 
-def zero1_adam(lab: Any = None) -> None:
+def zero1_adam(cls: Any, lab: Any = None) -> None:
     """Check ``Zero1Adam``: Adam state for this rank's shard only, the same weights as one process."""
     __tracebackhide__ = True
+    steps64.require_callables("ddplab.check.zero1_adam(Zero1Adam)", Zero1Adam=cls)
     lab = lab_or_current(lab)
     got = run_student_code("Zero1Adam(model.parameters(), lr=0.01) and its step()", _train_zero1,
-                           lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
-    require_function(got, "Zero1Adam", kind="class")
+                           cls, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
     weights, world = [g["weights"] for g in got], len(got)
     n = weights[0].numel()
     expected, initial = steps64.one_process("adam", world), steps64.flat(steps64.model())
@@ -160,15 +154,11 @@ def _flat_sharded_linear() -> Any:
     return FlatShardedLinear
 
 
-def _fsdp_units(n: int) -> Any:
+def _fsdp_units(fns: tuple, n: int) -> Any:
     """On a rank: the student's three functions on known tensors of ``n`` values."""
     import torch
     import torch.distributed as dist
 
-    fns = [steps64.student(name) for name in ("shard_flat", "gather_flat", "reduce_scatter_flat")]
-    if any(is_missing(fn) for fn in fns):
-        return {"missing": [name for name, fn in zip(("shard_flat", "gather_flat",
-                                                      "reduce_scatter_flat"), fns) if is_missing(fn)]}
     shard_flat, gather_flat, reduce_scatter_flat = fns
     rank, world = dist.get_rank(), dist.get_world_size()
     values = torch.arange(1, n + 1, dtype=torch.float64)
@@ -179,13 +169,12 @@ def _fsdp_units(n: int) -> Any:
     return {"shard": shard, "gathered": gathered, "reduced": reduced}
 
 
-def _train_fsdp() -> Any:
+def _train_fsdp(fns: tuple) -> Any:
     """On a rank: train the model as FlatShardedLinear units with the student's functions."""
     import torch
     import torch.distributed as dist
 
-    shard_flat, gather_flat, reduce_scatter_flat = (
-        steps64.student(name) for name in ("shard_flat", "gather_flat", "reduce_scatter_flat"))
+    shard_flat, gather_flat, reduce_scatter_flat = fns
     unit = _flat_sharded_linear()
     rank, world = dist.get_rank(), dist.get_world_size()
     linears = [m for m in steps64.model() if isinstance(m, torch.nn.Linear)]
@@ -216,18 +205,20 @@ FSDP_HINT = ("shard_flat pads with zeros to a multiple of world_size and keeps p
              "dist.reduce_scatter_tensor sums piece r onto rank r, and divides by world_size once.")
 
 
-def fsdp_flat(lab: Any = None) -> None:
+def fsdp_flat(shard_flat: Any, gather_flat: Any, reduce_scatter_flat: Any, lab: Any = None) -> None:
     """Check ``shard_flat``, ``gather_flat`` and ``reduce_scatter_flat``, then train with them."""
     __tracebackhide__ = True
     import torch
 
+    fns = (shard_flat, gather_flat, reduce_scatter_flat)
+    steps64.require_callables("ddplab.check.fsdp_flat(shard_flat, gather_flat, reduce_scatter_flat)",
+                              shard_flat=shard_flat, gather_flat=gather_flat,
+                              reduce_scatter_flat=reduce_scatter_flat)
     lab = lab_or_current(lab)
     world = lab.world_size
     for n in (7, 213):
         got = run_student_code(f"shard_flat / gather_flat / reduce_scatter_flat on {n} values",
-                               _fsdp_units, n, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
-        for name in ("shard_flat", "gather_flat", "reduce_scatter_flat"):
-            require_function([MISSING if name in g.get("missing", ()) else None for g in got], name)
+                               _fsdp_units, fns, n, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
         values = torch.arange(1, n + 1, dtype=torch.float64)
         pieces = _padded_pieces(values, world)
         size = pieces[0].numel()
@@ -258,7 +249,7 @@ def fsdp_flat(lab: Any = None) -> None:
         compare(f"reduce_scatter_flat(1..{n} times (rank + 1)): the mean, this rank's piece",
                 _padded_pieces(values * mean, world), reduced, atol=1e-12, hint=FSDP_HINT)
     got = run_student_code("training with FlatShardedLinear and your three functions", _train_fsdp,
-                           lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
+                           fns, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
     steps64.verdict("fsdp_flat", "sgd", [g["weights"] for g in got], FSDP_HINT)
     passed(f"shard_flat, gather_flat and reduce_scatter_flat: padded pieces, gathered without the "
            f"padding, gradients averaged once; {steps64.STEPS} FSDP steps give one process's weights "
