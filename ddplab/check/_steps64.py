@@ -1,7 +1,7 @@
 """What notebook 12's checks share: a tiny float64 model, its batches, and one process as the reference.
 
 Every build-it check trains ``model()`` for ``STEPS`` steps on the ranks with
-the student's code, each rank on its ``ROWS`` rows of the step's batch, and
+the student's code, each rank on its rows of the step's batch, and
 compares the weights with ``one_process``: the same model trained in this
 process on the whole batch, in float64, to ``TOLERANCE``. ``verdict`` turns a
 mismatch into the mistake that explains it (gradients averaged twice, never
@@ -17,35 +17,22 @@ from typing import Any
 LIBRARY = ("DistributedDataParallel", "ZeroRedundancyOptimizer", "fully_shard",
            "FullyShardedDataParallel")
 STEPS = 3
-ROWS = 4                     # rows of each step's batch per rank
-SIZES = (6, 10, 10, 3)       # 213 parameters: odd, so shards need padding on 2 ranks
 TOLERANCE = 1e-12
 TIMEOUT = 60.0
 
 
-def model(seed: int = 0) -> Any:
-    """Linear 6->10, tanh, Linear 10->10, tanh, Linear 10->3, float64, the same on every rank."""
-    import torch
-    from torch import nn
+def model() -> Any:
+    """``sharding.tiny_mlp()``: Linear 6->10, tanh, 10->10, tanh, 10->3, float64, the same everywhere."""
+    from ..sharding import tiny_mlp
 
-    layers = []
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for i, (a, b) in enumerate(zip(SIZES, SIZES[1:])):
-            layers += [nn.Linear(a, b)] + ([nn.Tanh()] if i < len(SIZES) - 2 else [])
-    return nn.Sequential(*layers).double()
+    return tiny_mlp()
 
 
 def batch(step: int, world: int, rank: int | None = None) -> tuple[Any, Any]:
-    """Step ``step``'s whole batch (``ROWS * world`` rows), or rank ``rank``'s rows of it."""
-    import torch
+    """``sharding.tiny_batch``: step ``step``'s whole batch, or rank ``rank``'s rows of it."""
+    from ..sharding import tiny_batch
 
-    g = torch.Generator().manual_seed(100 + step)
-    x = torch.randn(ROWS * world, SIZES[0], generator=g, dtype=torch.float64)
-    y = torch.randn(ROWS * world, SIZES[-1], generator=g, dtype=torch.float64)
-    if rank is None:
-        return x, y
-    return x[rank * ROWS:(rank + 1) * ROWS], y[rank * ROWS:(rank + 1) * ROWS]
+    return tiny_batch(step, world, rank)
 
 
 def loss(net: Any, x: Any, y: Any) -> Any:
