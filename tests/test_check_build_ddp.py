@@ -80,7 +80,7 @@ class Zero1Adam:
         self.shard.grad = grad[self.rank * self.size:(self.rank + 1) * self.size].clone()
         self.adam.step()
         everything = torch.empty(self.size * self.world, dtype=self.shard.dtype)
-        dist.all_gather_into_tensor(everything, self.shard.detach())
+        dist.all_gather_single(everything, self.shard.detach())
         offset = 0
         with torch.no_grad():
             for p in self.params:
@@ -97,7 +97,7 @@ def shard_flat(flat):
 
 def gather_flat(shard, numel):
     everything = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype)
-    dist.all_gather_into_tensor(everything, shard)
+    dist.all_gather_single(everything, shard)
     return everything[:numel]
 
 def reduce_scatter_flat(grad):
@@ -105,7 +105,7 @@ def reduce_scatter_flat(grad):
     size = -(-grad.numel() // world)
     padded = torch.cat([grad, grad.new_zeros(size * world - grad.numel())])
     mine = torch.empty(size, dtype=grad.dtype)
-    dist.reduce_scatter_tensor(mine, padded)
+    dist.reduce_scatter_single(mine, padded)
     return mine / world
 """
 
@@ -316,7 +316,7 @@ Zero1Adam.__init__ = _init
 
 
 def test_zero1_shards_not_gathered_fails(lab):
-    fails(lambda: zero1(ZERO1.replace("dist.all_gather_into_tensor(everything, self.shard.detach())",
+    fails(lambda: zero1(ZERO1.replace("dist.all_gather_single(everything, self.shard.detach())",
                                "everything[self.rank * self.size:(self.rank + 1) * self.size] = "
                                "self.shard.detach()\n        everything = self.padded(self.params)"
                                " if False else everything")), "differ from one process")

@@ -200,9 +200,9 @@ def _train_fsdp(fns: tuple) -> Any:
 
 
 FSDP_HINT = ("shard_flat pads with zeros to a multiple of world_size and keeps piece number rank; "
-             "gather_flat all_gathers the pieces (dist.all_gather_into_tensor) and drops the padding "
+             "gather_flat all_gathers the pieces (dist.all_gather_single) and drops the padding "
              "(the first numel values); reduce_scatter_flat pads the same way, "
-             "dist.reduce_scatter_tensor sums piece r onto rank r, and divides by world_size once.")
+             "dist.reduce_scatter_single sums piece r onto rank r, and divides by world_size once.")
 
 
 def fsdp_flat(shard_flat: Any, gather_flat: Any, reduce_scatter_flat: Any, lab: Any = None) -> None:
