@@ -316,10 +316,11 @@ Zero1Adam.__init__ = _init
 
 
 def test_zero1_shards_not_gathered_fails(lab):
-    fails(lambda: zero1(ZERO1.replace("dist.all_gather_single(everything, self.shard.detach())",
-                               "everything[self.rank * self.size:(self.rank + 1) * self.size] = "
-                               "self.shard.detach()\n        everything = self.padded(self.params)"
-                               " if False else everything")), "differ from one process")
+    own_piece_only = ZERO1.replace(
+        "dist.all_gather_single(everything, self.shard.detach())",
+        "everything = self.padded([p.detach() for p in self.params])\n"
+        "        everything[self.rank * self.size:(self.rank + 1) * self.size] = self.shard.detach()")
+    fails(lambda: zero1(own_piece_only), "the ranks hold different weights", "not all_gathered")
 
 
 # ----------------------------------------------------------------- FSDP

@@ -85,6 +85,8 @@ ZERO_HINT = ("flatten the parameters into one float64 tensor, pad it with zeros 
 def zero1_adam(cls: Any, lab: Any = None) -> None:
     """Check ``Zero1Adam``: Adam state for this rank's shard only, the same weights as one process."""
     __tracebackhide__ = True
+    import torch
+
     steps64.require_callables("ddplab.check.zero1_adam(Zero1Adam)", Zero1Adam=cls)
     lab = lab_or_current(lab)
     got = run_student_code("Zero1Adam(model.parameters(), lr=0.01) and its step()", _train_zero1,
@@ -92,6 +94,11 @@ def zero1_adam(cls: Any, lab: Any = None) -> None:
     weights, world = [g["weights"] for g in got], len(got)
     n = weights[0].numel()
     expected, initial = steps64.one_process("adam", world), steps64.flat(steps64.model())
+    if any(not torch.equal(weights[0], w) for w in weights[1:]):
+        raise AssertionError(
+            f"Zero1Adam: after {steps64.STEPS} steps the ranks hold different weights: each rank "
+            f"updated its own piece, but the updated pieces were not all_gathered, so a rank copied "
+            f"back other values than the others.\nHint: " + ZERO_HINT)
     for rank, w in enumerate(weights):
         still = 0                                  # values at the end that never moved
         while still < n and w[n - 1 - still] == initial[n - 1 - still]:
