@@ -74,9 +74,16 @@ def release_notebook(nb, name: str = "notebook"):
     """The student version of notebook ``nb`` (a new object; ``nb`` is not changed)."""
     student = nbformat.from_dict(nb)   # a deep copy
     for index, cell in enumerate(student.cells):
-        if cell.cell_type != "code":
-            continue
         where = f"{name}, cell {cell.get('id', index)}"
+        if cell.cell_type != "code":
+            if any(line.strip() in (BEGIN, END) for line in cell.source.splitlines()):
+                # Only code cells are stubbed: the text between the markers would reach
+                # every student as it is.
+                raise ReleaseError(f"ddplab release: {where} is a {cell.cell_type} cell with a "
+                                   f"solution marker; only code cells are stubbed, so students would "
+                                   f"get its text. Move the solution into a code cell, or write the "
+                                   f"markers differently (e.g. in backquotes) if the text is about them.")
+            continue
         if has_solution(cell):
             cell.source = strip_solutions(cell.source, where)
             cell.outputs, cell.execution_count = [], None

@@ -292,6 +292,8 @@ class Lab:
         ``rank`` picks another rank that failed. ``%ddplab_debug`` calls this.
         """
         from . import debugger
+        if rank is not None:
+            self.check_ranks(rank, f"lab.debug(rank={rank!r})")
         debugger.post_mortem(self._calls, rank, self._timeout(timeout))
 
     def trace(self, ranks: Iterable[int] | None = None, align: str = "auto") -> Any:
