@@ -47,3 +47,11 @@ def test_lab_run_with_arguments_that_cannot_travel_says_what_can(fresh_lab):
         fresh_lab.run(f, threading.Lock())
     assert "Pass plain data" in str(raised.value) and "lock" in str(raised.value)
     assert fresh_lab.run(f, 3) == [3, 3]                  # and the lab goes on
+
+
+def test_a_rank_receiving_from_itself_is_told_so(fresh_lab):
+    with pytest.raises(RankError) as raised:
+        fresh_lab.run_cell("import torch\nimport torch.distributed as dist\n"
+                           "dist.recv(torch.zeros(1), src=rank)\n", ranks=[0], timeout=20)
+    assert "sent to or received from itself" in str(raised.value)
+    assert fresh_lab.healthy

@@ -191,7 +191,16 @@ def _format_error(exc: BaseException, keep: Callable[[str], bool]) -> str:
         tb, frames = tb.tb_next, frames[1:]
     from .owngroup import explain  # why there is no default group, if the lab's was destroyed
     return relative_to_site_packages("".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
-                                     + explain(exc))
+                                     + explain(exc) + _self_pair_hint(exc))
+
+
+def _self_pair_hint(exc: BaseException) -> str:
+    """gloo's words when a rank sends to or receives from itself (torch checks only blocking send)."""
+    if "Pair is not connected" not in str(exc) or "<--> [none]" not in str(exc):
+        return ""
+    return ("\nddplab: this rank sent to or received from itself (a src or dst equal to its own rank): "
+            "gloo keeps no connection from a rank to itself. Its own data is already here; name "
+            "another rank, e.g. (rank + 1) % world_size.")
 
 
 def relative_to_site_packages(text: str) -> str:
