@@ -14,21 +14,29 @@ from ddplab.check import allreduce as check
 pytestmark = pytest.mark.slow
 
 
-def student_copy(reference):
-    """``reference``'s code as a student's own function: the same steps, not ddplab's object."""
-    import types
+def notebook_answer(exercise: str):
+    """The reference notebook's own answer to ``exercise``, as a student's cell defines it.
 
-    code = reference.__code__.replace(co_name="student_" + reference.__name__)
-    copy = types.FunctionType(code, reference.__globals__, code.co_name, reference.__defaults__)
-    copy.__module__ = __name__
-    return copy
+    Not ddplab.algorithms' function, nor a copy of it: the checks refuse those, by
+    identity and by shape (``check._reference``), as a student's copy of them.
+    """
+    import nbformat
+
+    from ddplab.hints import BEGIN, END, reference_dir
+
+    notebook = nbformat.read(reference_dir() / "06_build_all_reduce.ipynb", as_version=4)
+    source = next(c.source for c in notebook.cells if c.get("id") == f"exercise-{exercise}")
+    source = "\n".join(line for line in source.splitlines() if line.strip() not in (BEGIN, END))
+    space = {"dist": dist, "torch": torch, "__name__": "__main__"}
+    exec(compile(source, f"<cell exercise-{exercise}>", "exec"), space)
+    return next(value for name, value in space.items() if name.startswith("my_"))
 
 
-RING = student_copy(algorithms.ring_all_reduce)
-NAIVE = student_copy(algorithms.naive_all_reduce)
-NAIVE_COLLECTIVES = student_copy(algorithms.naive_all_reduce_collectives)
-RECURSIVE_DOUBLING = student_copy(algorithms.recursive_doubling_all_reduce)
-TREE = student_copy(algorithms.tree_all_reduce)
+RING = notebook_answer("ring")
+NAIVE = notebook_answer("naive")
+NAIVE_COLLECTIVES = notebook_answer("naive-collectives")
+RECURSIVE_DOUBLING = notebook_answer("recursive-doubling")
+TREE = notebook_answer("tree")
 
 
 # ---------------------------------------------------------------- wrong answers
@@ -214,9 +222,21 @@ def ring_that_calls_the_shipped_ring(tensor):
     return mine(tensor)
 
 
+def _copied_from_the_installed_file(name: str):
+    """The attack: the reference's source read from ddplab's file, exec'd under the student's name."""
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(getattr(algorithms, name))).replace(name, "my_ring")
+    space = {**vars(algorithms), "__name__": "__main__"}
+    exec(compile(source, "<cell 7>", "exec"), space)
+    return space["my_ring"]
+
+
 @pytest.mark.parametrize("checker, answer, name", [
     (check.ring_all_reduce, algorithms.ring_all_reduce, "ring_all_reduce"),
     (check.ring_all_reduce, ring_that_calls_the_shipped_ring, "ring_all_reduce"),
+    (check.ring_all_reduce, _copied_from_the_installed_file("ring_all_reduce"), "ring_all_reduce"),
     (check.ring_all_reduce, algorithms.naive_all_reduce, "naive_all_reduce"),
     (check.naive_all_reduce, algorithms.naive_all_reduce, "naive_all_reduce"),
     (check.naive_all_reduce_collectives, algorithms.naive_all_reduce_collectives,
@@ -228,7 +248,7 @@ def ring_that_calls_the_shipped_ring(tensor):
 def test_an_answer_that_calls_ddplabs_own_all_reduce_fails(fresh_lab4, checker, answer, name):
     with pytest.raises(AssertionError) as info:
         checker(answer)
-    assert f"calls ddplab.algorithms.{name}, the reference solution that ships with ddplab" \
+    assert f"runs ddplab.algorithms.{name} (the reference solution that ships with ddplab" \
         in str(info.value)
     assert not fresh_lab4.broken_reason       # every rank refused at once: nobody is left waiting
 

@@ -149,6 +149,28 @@ def test_spawn_failure_names_the_rank_and_the_lab_group_comes_back(fresh_lab):
     assert_lab_usable(fresh_lab)
 
 
+def test_spawn_and_run_send_the_users_module_as_the_kernel_has_it_now(fresh_lab, tmp_path, monkeypatch):
+    """Edited and reloaded in the kernel, a function from the user's own module runs as edited on
+    the ranks (they imported the module once and would keep the old code)."""
+    import importlib
+    import sys
+
+    (tmp_path / "mymod_owncode.py").write_text("def work(rank=0):\n    return 'first'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fresh_lab.run(lambda p: __import__("sys").path.insert(0, p), str(tmp_path))
+    import mymod_owncode
+    try:
+        assert fresh_lab.spawn(mymod_owncode.work) == ["first", "first"]
+        (tmp_path / "mymod_owncode.py").write_text("def work(rank=0):\n    return 'edited'\n")
+        importlib.invalidate_caches()
+        importlib.reload(mymod_owncode)
+        assert fresh_lab.spawn(mymod_owncode.work) == ["edited", "edited"]
+        assert fresh_lab.run(mymod_owncode.work) == ["edited", "edited"]
+    finally:
+        sys.modules.pop("mymod_owncode", None)
+        fresh_lab.run(lambda p: __import__("sys").path.remove(p), str(tmp_path))
+
+
 def test_spawn_arguments_are_checked_as_mp_spawn_would(fresh_lab):
     with pytest.raises(ConfigError, match=r"must be a tuple.*args=\(2,\)"):
         fresh_lab.spawn(demo_basic, args=2)

@@ -267,6 +267,7 @@ class Lab:
             raise ConfigError("ddplab: lab.run was given the lab itself as an argument; the lab lives "
                               "in the notebook and cannot travel to the ranks. On a rank, use "
                               "torch.distributed (dist.get_rank(), dist.get_world_size()) instead.")
+        owncode.send_as_it_is_now(fn)
         try:
             tasks = self._calls.submit(chosen, engine.call, fn, args, kwargs)
         except Exception as e:        # pickle's errors are TypeError, AttributeError, PicklingError...

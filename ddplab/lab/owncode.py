@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import uuid
 from typing import Any, Callable
 
@@ -40,6 +41,38 @@ from ..rank import engine, owngroup, script
 from .calls import Calls
 
 log = logging.getLogger(__name__)
+
+
+def _library_folders() -> tuple[str, ...]:
+    import sysconfig
+
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))     # ddplab/
+    paths = sysconfig.get_paths()
+    return tuple(os.path.realpath(paths[key]) + os.sep
+                 for key in ("stdlib", "platstdlib", "purelib", "platlib")) + (package + os.sep,)
+
+
+def send_as_it_is_now(fn: Callable) -> None:
+    """Have cloudpickle send ``fn``'s module by value if it is the user's own (not a library's).
+
+    A rank imports a module once and keeps it: a function from the user's
+    ``model.py``, sent by reference, would run as the rank first imported it,
+    not as the kernel has it after an edit and ``importlib.reload`` (or
+    ``%autoreload``). By value, the ranks run the kernel's code of now. Functions
+    defined in the notebook itself always travel by value.
+    """
+    import cloudpickle
+
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    file = getattr(module, "__file__", None)
+    if module is None or not file or module.__name__ == "__main__":
+        return
+    if os.path.realpath(file).startswith(_library_folders()):
+        return                                      # torch, the standard library, ddplab: as installed
+    try:
+        cloudpickle.register_pickle_by_value(module)
+    except ValueError as e:                         # a module cloudpickle cannot take by value
+        log.debug("ddplab: %s goes by reference (%s)", module.__name__, e)
 
 
 def spawn(calls: Calls, fn: Callable, args: tuple, timeout: float,
@@ -63,6 +96,7 @@ def spawn(calls: Calls, fn: Callable, args: tuple, timeout: float,
         raise ConfigError("ddplab: lab.spawn(join=False) is not supported: lab.spawn waits for "
                           "the ranks and returns their results. Leave join out.")
     calls.ensure_usable()
+    send_as_it_is_now(fn)
     host, port = _open_store(calls, timeout)
     run_id = uuid.uuid4().hex[:12]
     try:
