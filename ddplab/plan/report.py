@@ -83,11 +83,11 @@ class Plan:
             if fitting:
                 best = fitting[0]
                 line += f"fastest that fits: {best.strategy} ({best.step.total:.3g} s/step, " \
-                        f"{best.peak / 1e9:.1f} GB)."
+                        f"{best.peak / 1e9:.3g} GB)."
             else:
                 smallest = min(rows, key=lambda r: r.peak, default=None)
                 line += "nothing asked fits" + (
-                    f"; the smallest is {smallest.strategy} at {smallest.peak / 1e9:.1f} GB: try fsdp, "
+                    f"; the smallest is {smallest.strategy} at {smallest.peak / 1e9:.3g} GB: try fsdp, "
                     f"more ranks, pp or tp, a smaller batch, or activation checkpointing."
                     if smallest else ".")
             out.append(line)
