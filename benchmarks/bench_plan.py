@@ -30,7 +30,7 @@ import ddplab
 from ddplab import bench, procs
 from ddplab.plan import CONFIGS
 
-TOY = CONFIGS["toy"]
+TOY = CONFIGS["toy"]             # --model picks another
 
 
 def _train_on_rank(config: dict, strategy: str, steps: int) -> dict:
@@ -105,7 +105,12 @@ def one_b_plan() -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--model", default="toy", choices=["toy", "toy-wide"],
+                        help="toy-wide: 2.25x the FLOPs per parameter row, so fixed costs weigh less")
+    parser.add_argument("--skip-1b", action="store_true", help="leave out the 1B plan")
     args = parser.parse_args()
+    global TOY
+    TOY = CONFIGS[args.model]
     print(f"load average at start: {os.getloadavg()}", flush=True)
     with ddplab.start(world_size=2, backend="gloo", timeout=600) as lab:
         results = bench.measure(lab, "all_reduce", "dist.all_reduce", None, ["64K", "1M", "4M", "16M"], 5)
@@ -127,10 +132,11 @@ def main() -> int:
             print(f"  memory {strategy:<5} at {n} ranks ({'+'.join(k[:5] for k in kinds)}): predicted "
                   f"{want / 1e6:.2f} MB, ddplab.memory {have / 1e6:.2f} MB, ratio {want / have:.3f}; "
                   f"peak (tracker) {row.peak / 1e6:.2f} MB")
-    plan = one_b_plan()
-    print(plan["table"])
-    print(f"1B plan at 8/64/1024 ranks: {plan['wall']:.1f} s wall, {plan['cpu']:.1f} s CPU, "
-          f"peak RSS {plan['rss_gb']:.2f} GB (goals: < 60 s, < 4 GB)")
+    if not args.skip_1b:
+        plan = one_b_plan()
+        print(plan["table"])
+        print(f"1B plan at 8/64/1024 ranks: {plan['wall']:.1f} s wall, {plan['cpu']:.1f} s CPU, "
+              f"peak RSS {plan['rss_gb']:.2f} GB (goals: < 60 s, < 4 GB)")
     print(f"load average at end: {os.getloadavg()}")
     return 0
 

@@ -89,6 +89,9 @@ def test_step_time_splits_compute_communication_and_bubble():
     ops = [c[0] for c in collectives(parse("tp2+ddp"), TOY, 4, TOY.parameters)]
     assert ops.count("all_reduce") == 1 + 4 * TOY.layers             # gradients + 4 per layer
     assert ddp.total == pytest.approx(ddp.compute + ddp.exposed)
+    shared = Device("cpu", {"float32": 1e12}, 80e9, "test", efficiency=1.0, overlap=False)
+    on_cpu = step(parse("fsdp"), TOY, 8, 3e12, TOY.parameters, shared, net)
+    assert on_cpu.exposed == on_cpu.communication and on_cpu.hidden == 0   # gloo shares the cores
 
 
 # ------------------------------------------------------------ the model and the API

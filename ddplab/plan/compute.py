@@ -10,7 +10,8 @@ torch's own table of datasheet numbers where it has the device
 else from the small table below. ``efficiency`` is the share of the peak a
 real training step reaches (MFU): 0.4 is typical of a well-tuned LLM on
 H100s; say what you assume. ``"this-cpu"`` is measured: the matmul FLOP/s of
-one process here, shared by the ranks that share this machine's cores.
+one process here, shared by the ranks that share this machine's cores; there
+gloo's collectives run on the same cores, so none of them hides behind compute.
 
 Not modelled: kernels one by one (their launch overhead, memory-bound ops
 such as norms and the optimizer step), which efficiency lumps together.
@@ -42,6 +43,8 @@ class Device:
     memory: float                  # bytes a rank may use
     source: str                    # where the numbers come from
     efficiency: float = 0.4
+    overlap: bool = True           # can communication run beside compute? Not on CPUs that
+                                   # gloo's threads share with the ranks' compute
 
     def seconds(self, flops: float, dtype: str) -> float:
         peak = self.flops.get(dtype) or self.flops.get("float32")
@@ -94,4 +97,4 @@ def measured_cpu(ranks_here: int = 1, memory_gb: float = 4.0, efficiency: float 
     rate = 2 * n**3 / best * share
     return Device("this-cpu", {"float32": rate, "bfloat16": rate}, memory_gb * 1e9,
                   f"measured here: one thread's matmul, x{share:g} for {ranks_here} ranks on "
-                  f"{os.cpu_count()} cores", efficiency)
+                  f"{os.cpu_count()} cores", efficiency, overlap=False)

@@ -85,6 +85,7 @@ class Config:
 
 CONFIGS: dict[str, Config] = {
     "toy": Config("toy", "mlp", layers=4, d_model=256, seq=64, batch=8),
+    "toy-wide": Config("toy-wide", "mlp", layers=4, d_model=384, seq=64, batch=8),
     "gpt-tiny": Config("gpt-tiny", layers=2, d_model=256, vocab=1000, seq=128, batch=4),
     "llm-1b": Config("llm-1b", layers=16, d_model=2048, head_dim=128, vocab=50304, seq=1024,
                      batch=8, dtype="bfloat16"),

@@ -15,6 +15,7 @@ then split into what hides behind compute and what is *exposed*:
   what outlasts forward/backward, plus the first layer's all_gather and the last
   one's reduce_scatter;
 - tp: every all_reduce of activations is exposed (the next matmul needs it);
+- on a device that cannot overlap (``this-cpu``: gloo shares the cores) all of it is;
 - pp: 1F1B on M microbatches idles each stage for (P-1) microbatch times, the
   bubble ``(P-1)/M × compute``; of its sends, the first and last are exposed.
 
@@ -110,4 +111,6 @@ def step(strategy: Strategy, config: Config, world_size: int, flops: float, para
         microbatches = config.batch
         s.bubble = (strategy.pp - 1) / microbatches * s.compute
         s.exposed += 2 * phase["pp"] / (2 * microbatches)
+    if not device.overlap:               # e.g. gloo on the cores that compute: nothing hides
+        s.exposed = s.communication
     return s
