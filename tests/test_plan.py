@@ -112,7 +112,7 @@ def traced():
     from ddplab.plan.memory import measure
 
     return measure(TOY, [("ddp", 4), ("fsdp", 4), ("fsdp", 16), ("zero1", 4), ("pp2+ddp", 4),
-                         ("tp2+ddp", 4)], timeout=600)
+                         ("tp2+ddp", 4), ("tp2+fsdp", 4)], timeout=600)
 
 
 @pytest.mark.slow
@@ -137,6 +137,8 @@ def test_fsdp_and_zero_shard_what_they_should(traced):
     assert traced[("pp2+ddp", 4)]["state"]["parameters"] == pytest.approx(full["parameters"] / 2, rel=0.01)
     assert traced[("tp2+ddp", 4)]["state"]["parameters"] == pytest.approx(full["parameters"] / 2, rel=0.01)
     assert traced[("tp2+ddp", 4)]["flops"] == traced[("ddp", 4)]["flops"] // 2
+    both = traced[("tp2+fsdp", 4)]["state"]                             # tp 2, then fsdp over 2
+    assert both["parameters"] == pytest.approx(full["parameters"] / 4, rel=0.01)
     # FlopCounterMode: forward 2·rows·weights, backward twice that (the weights' gradient and the
     # input's), less the first layer's input gradient: the batch needs none
     rows, weights = TOY.batch * TOY.seq, 4 * (2 * 256 * 1024)
@@ -151,7 +153,8 @@ def test_a_plan_says_what_does_not_fit_and_what_would():
     assert not made.row("ddp", 8).fits(tight.memory) and made.row("fsdp", 8).fits(tight.memory)
     advice = made.advice()
     fitting = [r for r in made.rows if r.world_size == 8 and r.fits(tight.memory)]
-    fastest = min(fitting, key=lambda r: r.step.total)
+    fastest = max(fitting, key=lambda r: r.tokens_per_s)
+    assert fastest.tokens_per_s == pytest.approx(fastest.tokens / fastest.step.total)
     assert f"8 ranks: does not fit in 0.02 GB: ddp. fastest that fits: {fastest.strategy} (" in advice
     assert "1 ranks: does not fit" in advice and "nothing asked fits" in advice
     assert "not a multiple of tp*pp = 8" in made.table()          # tp8 at 1 rank: said, not raised

@@ -51,7 +51,7 @@ from .strategies import Strategy, parse
 __all__ = ["CONFIGS", "Config", "Device", "INTERCONNECTS", "Network", "Plan", "Row", "Step",
            "Strategy", "parse", "plan"]
 
-DEFAULT_STRATEGIES = ("ddp", "zero1", "fsdp", "tp8+ddp", "pp4+fsdp")
+DEFAULT_STRATEGIES = ("ddp", "zero1", "fsdp", "tp8+fsdp", "pp4+fsdp")
 
 
 def plan(model: Any, world_sizes: Iterable[int] = (8, 64, 1024),
@@ -96,7 +96,7 @@ def plan(model: Any, world_sizes: Iterable[int] = (8, 64, 1024),
             memory["activations"] = got["activations"]
             rows.append(Row(s.name, n, memory, got["peak"],
                             step(s, config, n, got["flops"], got["parameters"], device, network),
-                            got["source"]))
+                            got["source"], tokens=s.replicas(n) * config.batch * config.seq))
     return Plan(config, device, network, rows)
 
 

@@ -32,7 +32,7 @@ Where torch cannot do it, the number says what it comes from (``source``):
   ``layers/P`` blocks); under 1F1B it keeps P microbatches' activations alive,
   so its activations are the traced ones times min(P, microbatches).
 
-It runs in a child so that the fake group never replaces a real lab's default
+It runs in children (one per core, up to 4) so that the fake group never replaces a real lab's default
 process group in the notebook's kernel.
 """
 
@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from functools import cache
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import DdplabError
 from .models import Config, stage
@@ -95,10 +96,11 @@ def trace(config: Config, strategy: Strategy, world_size: int) -> dict[str, Any]
             if tp > 1:
                 _tensor_parallel(model, config, mesh["tp"])
             if strategy.data == "fsdp":
-                from torch.distributed.fsdp import fully_shard
-                for block in model.blocks:
-                    fully_shard(block, mesh=mesh["dp"])
-                fully_shard(model, mesh=mesh["dp"])
+                with _real_meshes():
+                    from torch.distributed.fsdp import fully_shard
+                    for block in model.blocks:
+                        fully_shard(block, mesh=mesh["dp"])
+                    fully_shard(model, mesh=mesh["dp"])
             optimizer = _optimizer(model, config, strategy, mesh["dp"])
             x = config.batch_for(config.batch // microbatches)
             # The optimizer's state made as its first step makes it (from zero gradients, no
@@ -158,6 +160,27 @@ def flops(config: Config, strategy: Strategy, world_size: int) -> int:
     return int(counter.get_total_flops())
 
 
+@contextmanager
+def _real_meshes() -> Iterator[None]:
+    """FSDP over tp joins the two meshes into one (``DeviceMesh._concatenate``, once per
+    parameter), which reads the mesh's rank table with tensor ops; under FakeTensorMode those
+    fail (``aten.nonzero``). Joined with fake mode off, in this throwaway child only."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    join = DeviceMesh.__dict__["_concatenate"]
+
+    def joined(meshes):
+        with unset_fake_temporarily():
+            return join.__func__(meshes)
+
+    DeviceMesh._concatenate = staticmethod(joined)
+    try:
+        yield
+    finally:
+        DeviceMesh._concatenate = join
+
+
 def _tensor_parallel(model: Any, config: Config, mesh: Any) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -184,28 +207,38 @@ def _optimizer(model: Any, config: Config, strategy: Strategy, group_mesh: Any) 
 # ------------------------------------------------------------ in the kernel
 def measure(config: Config, cases: list[tuple[str, int]],
             timeout: float = 600) -> dict[tuple[str, int], dict]:
-    """Trace every (strategy, world size) in one child process; a case torch cannot trace
-    comes back as ``{"error": ...}``, not as an exception."""
+    """Trace every (strategy, world size), in one child process per core (a strategy's cases
+    stay in one: ddp's are traced once); a case torch cannot trace comes back as
+    ``{"error": ...}``, not as an exception."""
     import os
     from pathlib import Path
 
     from .. import procs
 
-    request = json.dumps({"config": config.to_dict(), "cases": [[parse(s).name, n] for s, n in cases]})
+    by_strategy: dict[str, list] = {}
+    for strategy, n in cases:
+        by_strategy.setdefault(parse(strategy).name, []).append([parse(strategy).name, n])
+    workers = max(1, min(len(os.sched_getaffinity(0)), 4, len(by_strategy)))
+    shares: list[list] = [[] for _ in range(workers)]
+    for group in sorted(by_strategy.values(), key=len, reverse=True):
+        min(shares, key=len).extend(group)               # the biggest first, to the emptiest
     here = str(Path(__file__).resolve().parents[2])          # where this ddplab is imported from
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
     child = "import sys; from ddplab.plan.memory import main; sys.exit(main(sys.argv[1:]))"
-    done = procs.run_command([sys.executable, "-c", child, request], timeout=timeout,
-                             capture_output=True, text=True, env=env)
+    commands = [[sys.executable, "-c", child, json.dumps({"config": config.to_dict(), "cases": share})]
+                for share in shares]
+    done = procs.run(commands, timeout, env=env, output="all")
     results = {}
-    for line in done.stdout.splitlines():
-        if line.startswith("{"):
-            row = json.loads(line)
-            results[(row.pop("strategy"), row.pop("world_size"))] = row
-    if done.returncode != 0 or len(results) < len(cases):
-        tail = "\n".join(done.stderr.strip().splitlines()[-8:])
-        raise DdplabError(f"ddplab.plan: the child that traces memory ended with code "
-                          f"{done.returncode} after {len(results)} of {len(cases)} cases:\n{tail}\n"
+    for ended in done:
+        for line in ended.output.splitlines():
+            if line.startswith('{"strategy"'):
+                row = json.loads(line)
+                results[(row.pop("strategy"), row.pop("world_size"))] = row
+    if not done.ok or len(results) < len(cases):
+        tail = "\n".join(line for ended in done for line in ended.output.strip().splitlines()[-8:]
+                         if not line.startswith('{"strategy"'))
+        raise DdplabError(f"ddplab.plan: the children that trace memory ended with codes "
+                          f"{done.returncodes} after {len(results)} of {len(cases)} cases:\n{tail}\n"
                           f"Try fewer or smaller cases, or call ddplab.plan.memory.trace in a "
                           f"fresh process to see the error.")
     return results

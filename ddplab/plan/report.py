@@ -26,6 +26,13 @@ class Row:
     step: Step | None = None
     source: str = ""
     error: str | None = None          # why this case has no numbers
+    tokens: int = 0                   # trained per step by all ranks: replicas x batch x seq
+
+    @property
+    def tokens_per_s(self) -> float:
+        """What to compare strategies by at one world size: their steps train different
+        global batches (tp and pp make fewer replicas, each as big)."""
+        return self.tokens / self.step.total if self.step and self.step.total > 0 else 0.0
 
     def fits(self, budget: float) -> bool:
         return self.error is None and self.peak <= budget
@@ -58,11 +65,12 @@ class Plan:
                 f"{r.strategy:<14}{r.world_size:>6} " + " ".join(f"{m[k] / gb:>7.2f}" for k in _KINDS)
                 + f" {r.peak / gb:>8.2f} {'yes' if r.fits(self.device.memory) else 'NO':>5} | "
                 + " ".join(f"{v:>8.3g}" for v in (s.compute, s.communication, s.exposed, s.bubble, s.total))
-                + f" {s.torch_communication:>10.3g}")
+                + f" {s.torch_communication:>10.3g} {r.tokens_per_s / 1e6:>7.3g}")
         lines += ["", "memory: GB per rank (rank 0); params/grads/optim after the optimizer step, "
                   "activations when the forward ends, peak: the most held at once (torch's trackers).",
                   "time: seconds per step; comm: all collectives (α-β), exposed: the part not hidden "
-                  "behind compute; torch comm: the same collectives by DTensor's cost model.",
+                  "behind compute; torch comm: the same collectives by DTensor's cost model; "
+                  "Mtok/s: tokens trained per second by all ranks.",
                   "sources: " + "; ".join(sorted({f"{r.strategy}: {r.source}" for r in self.rows
                                                   if r.source and not r.error})), "", self.advice()]
         return "\n".join(lines)
@@ -75,15 +83,15 @@ class Plan:
         budget, out = self.device.memory, []
         for n in dict.fromkeys(r.world_size for r in self.rows):
             rows = [r for r in self.rows if r.world_size == n and not r.error]
-            fitting = sorted((r for r in rows if r.fits(budget)), key=lambda r: r.step.total)
+            fitting = sorted((r for r in rows if r.fits(budget)), key=lambda r: -r.tokens_per_s)
             misses = [r.strategy for r in rows if not r.fits(budget)]
             line = f"{n} ranks: "
             if misses:
                 line += f"does not fit in {budget / 1e9:g} GB: {', '.join(misses)}. "
             if fitting:
                 best = fitting[0]
-                line += f"fastest that fits: {best.strategy} ({best.step.total:.3g} s/step, " \
-                        f"{best.peak / 1e9:.3g} GB)."
+                line += f"fastest that fits: {best.strategy} ({best.tokens_per_s / 1e6:.3g}M tokens/s, " \
+                        f"{best.step.total:.3g} s/step, {best.peak / 1e9:.3g} GB)."
             else:
                 smallest = min(rows, key=lambda r: r.peak, default=None)
                 line += "nothing asked fits" + (
