@@ -117,10 +117,10 @@ def main() -> int:
     fit = bench.fit_ring(results, name="dist.all_reduce")
     print(f"2-rank fit: alpha {fit['alpha'] * 1e6:.1f} us, beta {fit['beta'] * 1e9:.3f} ns/B "
           f"({1 / fit['beta'] / 1e9:.2f} GB/s)", flush=True)
-    real = {n: measured(n, args.steps) for n in (2, 4)}
     print("\nstep time (s)            predicted  measured  ratio   [compute / comm exposed]")
     for n in (2, 4):
-        made = ddplab.plan(TOY, [n], ["ddp", "fsdp"], device="this-cpu", network=fit)
+        real = {n: measured(n, args.steps)}
+        made = ddplab.plan(TOY, [n], ["ddp", "fsdp"], device="this-cpu", network=fit)   # just after
         for strategy in ("ddp", "fsdp"):
             s, got = made.row(strategy, n).step, real[n][strategy]["step"]
             print(f"  {strategy:<5} at {n} ranks      {s.total:9.4f} {got:9.4f} {s.total / got:6.2f}   "

@@ -158,6 +158,8 @@ def test_a_plan_says_what_does_not_fit_and_what_would():
     assert f"8 ranks: does not fit in 0.02 GB: ddp. fastest that fits: {fastest.strategy} (" in advice
     assert "1 ranks: does not fit" in advice and "nothing asked fits" in advice
     assert "not a multiple of tp*pp = 8" in made.table()          # tp8 at 1 rank: said, not raised
+    import torch.distributed as dist
+    assert not dist.is_initialized()          # the fake group lived in the children, not here
     assert math.isclose(made.row("fsdp", 8).step.compute, made.row("ddp", 8).step.compute)
     figure = made.picture()
     assert len(figure.axes) == 2
