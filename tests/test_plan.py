@@ -112,7 +112,7 @@ def traced():
     from ddplab.plan.memory import measure
 
     return measure(TOY, [("ddp", 4), ("fsdp", 4), ("fsdp", 16), ("zero1", 4), ("pp2+ddp", 4),
-                         ("tp2+ddp", 4), ("tp2+fsdp", 4)], timeout=600)
+                         ("tp2+ddp", 4), ("tp2+fsdp", 4), ("pp2+fsdp", 8)], timeout=600)
 
 
 @pytest.mark.slow
@@ -139,6 +139,8 @@ def test_fsdp_and_zero_shard_what_they_should(traced):
     assert traced[("tp2+ddp", 4)]["flops"] == traced[("ddp", 4)]["flops"] // 2
     both = traced[("tp2+fsdp", 4)]["state"]                             # tp 2, then fsdp over 2
     assert both["parameters"] == pytest.approx(full["parameters"] / 4, rel=0.01)
+    staged = traced[("pp2+fsdp", 8)]["state"]                           # 2 stages, fsdp over 4
+    assert staged["parameters"] == pytest.approx(full["parameters"] / 8, rel=0.02)
     # FlopCounterMode: forward 2·rows·weights, backward twice that (the weights' gradient and the
     # input's), less the first layer's input gradient: the batch needs none
     rows, weights = TOY.batch * TOY.seq, 4 * (2 * 256 * 1024)

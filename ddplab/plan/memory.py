@@ -88,7 +88,8 @@ def trace(config: Config, strategy: Strategy, world_size: int) -> dict[str, Any]
     microbatches = config.batch if pp > 1 else 1
     dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
     try:
-        mesh = init_device_mesh("cpu", (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+        # rank 0's groups: its stage's replicas (dp) and the ranks that share its layers (tp)
+        mesh = init_device_mesh("cpu", (pp, replicas, tp), mesh_dim_names=("pp", "dp", "tp"))
         with FakeTensorMode(allow_non_fake_inputs=True):   # the mesh's rank table is real
             model = config.build()
             if pp > 1:
