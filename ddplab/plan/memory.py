@@ -200,9 +200,13 @@ def _optimizer(model: Any, config: Config, strategy: Strategy, group_mesh: Any) 
         from torch.distributed.optim import ZeroRedundancyOptimizer
         return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=kind,
                                        process_group=group_mesh.get_group(), **options)
-    # foreach, as on a GPU (CUDA's default); not with tp, whose DTensors it cannot mix with
-    # the plain embedding and head
-    return kind(model.parameters(), foreach=strategy.tp == 1, **options)
+    # foreach, as on a GPU (CUDA's default); under tp the DTensors in a group of their own:
+    # one foreach op cannot mix them with the plain embedding and head
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if isinstance(p, DTensor) == split]} for split in (True, False)]
+    return kind([g for g in groups if g["params"]], foreach=True, **options)
 
 
 # ------------------------------------------------------------ in the kernel
