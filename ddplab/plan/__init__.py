@@ -14,7 +14,7 @@
 
 The steps, one module each (the order a plan is made in):
 
-- ``models``: ``Config``, the model as a config (``CONFIGS``: toy, gpt-tiny, llm-1b, llm-8b);
+- ``models``: ``Config``, the model as a config (``CONFIGS``: toy, toy-wide, gpt-tiny, llm-1b, llm-8b);
 - ``memory``: each rank's bytes (parameters, gradients, optimizer state, activations) and
   FLOPs, *measured* by torch's memory trackers and flop counter on a fake process group of
   the world size, the model built under ``FakeTensorMode``, in a child process;
