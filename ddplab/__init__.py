@@ -25,6 +25,7 @@ See ``ddplab.lab`` for the lab's lifecycle and its failure modes.
 Teaching modules, the top-level modules notebooks may import (``from ddplab import train``),
 in the kernel or on the ranks: ``algorithms``, ``bench``, ``data``, ``env``, ``hints``
 (``ddplab.hint``, ``ddplab.solution``), ``hosts``, ``launch``, ``memory``, ``progress``,
+``plan`` (``ddplab.plan(...)``: memory and step time per strategy before the machines),
 ``sharding``, ``show``, ``train``.
 
 The packages: ``lab`` (the kernel side: a lab, its ranks, its calls), ``rank`` (code that runs
@@ -34,7 +35,7 @@ is small shared infrastructure: ``errors``, ``env``, ``limits``, ``text``.
 ``tools/check_layout.py`` holds the top level to this list.
 """
 
-from . import check, trace
+from . import check, plan, trace
 from .errors import ConfigError, DdplabError, EngineDiedError, HangError, RankError
 from .hints import hint, solution
 from .lab import Lab, attach, current, start
@@ -59,6 +60,7 @@ __all__ = [
     "current",
     "hint",
     "load_ipython_extension",
+    "plan",
     "scratch_folder",
     "show",
     "solution",

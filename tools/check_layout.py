@@ -27,7 +27,8 @@
    backquotes, up to the next blank line), which notebooks may import, plus
    ``__init__``, ``__main__``, the small shared infrastructure
    (``INFRASTRUCTURE``) and ``procs`` where it is a module. A new top-level
-   module is listed there, or lives in the package that uses it.
+   module is listed there, or lives in the package that uses it. A listed
+   name may be a package (``ddplab/plan/``: a teaching module in steps).
 8. No ddplab module is longer than ``MAX_LINES`` (450) lines: split it by what
    it does.
 9. Only ``ddplab.procs`` runs a command to its end with ``subprocess``
@@ -242,8 +243,9 @@ def top_level_problems(root: Path) -> list[str]:
     out = [f"{PACKAGE}/{name}.py: a top-level module that {rel}'s docstring does not list among "
            f"its {TEACHING}: list it there if notebooks import it, else move it into the package "
            f"that uses it" for name in sorted(present - allowed)]
+    packages = {p.parent.name for p in (root / PACKAGE).glob("*/__init__.py")}   # plan/: a teaching package
     out += [f"{rel}: its docstring lists {name!r} among its {TEACHING}, but there is no "
-            f"{PACKAGE}/{name}.py" for name in sorted(set(listed) - present)]
+            f"{PACKAGE}/{name}.py" for name in sorted(set(listed) - present - packages)]
     return out
 
 

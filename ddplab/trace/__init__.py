@@ -15,7 +15,9 @@ The steps, one module each:
   who waited how long), and the ``Event`` made from each row;
 - ``picture``: the text summary and the SVG of a trace, one box per op;
 - ``bins``: the picture of a big trace, aggregated into 2-pixel bins;
-- ``chrome``: the Chrome trace-event JSON that Perfetto opens (``tr.save``).
+- ``chrome``: the Chrome trace-event JSON that Perfetto opens (``tr.save``);
+- ``replay``: the trace re-timed at another world size by the α-β model
+  (``tr.replay(world_size=8, alpha=..., beta=...)``), itself a ``Trace``.
 """
 
 from .events import Event

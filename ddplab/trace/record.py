@@ -153,6 +153,24 @@ class Trace:
         _last = self
         return self
 
+    @classmethod
+    def made(cls, events: list[Event], compute: list[Event], ranks: list[int], how: str) -> Trace:
+        """A trace made rather than recorded (``tr.replay``): these events, no lab behind it;
+        ``how`` says where its times come from (kept in ``tr.clock``, shown by Perfetto)."""
+        trace = cls.__new__(cls)
+        trace.lab, trace.align, trace.ranks = None, "auto", list(ranks)
+        trace.events, trace.compute = events, sorted(compute, key=lambda e: (e.rank, e.start))
+        trace.clock = {r: Clock(0.0, 0.0, how) for r in ranks}
+        trace.t0, trace.running, trace.complete, trace.hung = 0.0, False, True, False
+        return trace
+
+    def replay(self, world_size: int, alpha: float, beta: float, **fit: Any) -> Trace:
+        """This trace re-timed at ``world_size`` ranks by the α-β model (``ddplab.trace.replay``):
+        ``tr.replay(world_size=8, **ddplab.bench.fit_ring(results))``."""
+        from .replay import replay
+        events, compute, how = replay(self, world_size, alpha, beta, **fit)
+        return Trace.made(events, compute, self.ranks, how)
+
     # ---------------------------------------------------------------- the data
     @property
     def events(self) -> list[Event] | None:

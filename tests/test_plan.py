@@ -1,0 +1,176 @@
+"""ddplab.plan: memory measured by torch's trackers on a fake group, α-β step times, the advice."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+import ddplab
+from ddplab.errors import ConfigError
+from ddplab.plan import CONFIGS, Config, Network, parse
+from ddplab.plan.compute import Device, device
+from ddplab.plan.network import Link, torch_guess
+from ddplab.plan.step import collectives, step
+
+TOY = Config("test-mlp", "mlp", layers=4, d_model=256, seq=16, batch=4)   # fp32, Adam
+
+
+# ------------------------------------------------------------ strategies
+def test_strategies_parse_and_compose():
+    assert parse("fsdp").name == "fsdp"
+    assert parse("fsdp+tp8") == parse("tp8+fsdp")
+    s = parse("tp2+pp4+zero1")
+    assert (s.data, s.tp, s.pp, s.replicas(64)) == ("zero1", 2, 4, 8)
+    assert parse("tp8+ddp").check(4, 16, 16) == "4 ranks are not a multiple of tp*pp = 8"
+    assert parse("pp4+ddp").check(8, 18, 16) == "18 layers do not split into 4 equal stages"
+    with pytest.raises(ConfigError, match="cannot read the strategy 'zero3'.*e.g. 'fsdp'"):
+        parse("zero3")
+
+
+# ------------------------------------------------------------ network
+def test_ring_all_reduce_is_the_alpha_beta_formula():
+    net = Network.from_bench({"alpha": 20e-6, "beta": 2e-10})
+    for n, nbytes in ((2, 1 << 20), (8, 100e6), (1024, 4e9)):
+        want = 2 * (n - 1) / n * nbytes * 2e-10 + 2 * (n - 1) * 20e-6
+        assert net.seconds("all_reduce", nbytes, n) == pytest.approx(want, rel=1e-12)
+        assert net.seconds("all_gather", nbytes, n) == pytest.approx(want / 2, rel=1e-12)
+        assert net.seconds("reduce_scatter", nbytes, n) == pytest.approx(want / 2, rel=1e-12)
+    tree = Network("t", Link(20e-6, 2e-10), Link(20e-6, 2e-10), algorithm="tree")
+    assert tree.seconds("all_reduce", 0, 1024) == pytest.approx(2 * 10 * 20e-6)   # log2 latency
+    assert net.seconds("all_reduce", 1e9, 1) == 0.0
+    with pytest.raises(ConfigError, match="no α-β cost for 'gossip'"):
+        net.seconds("gossip", 1, 2)
+
+
+def test_a_named_interconnect_uses_the_slow_link_across_nodes():
+    net = Network.named("nvlink+ib")
+    inside, across = net.seconds("all_reduce", 1e9, 8), net.seconds("all_reduce", 1e9, 16)
+    assert across > 5 * inside
+    assert net.seconds("all_reduce", 1e9, 2, span=16) > net.seconds("all_reduce", 1e9, 2)
+    with pytest.raises(ConfigError, match="no interconnect named 'carrier pigeon'"):
+        Network.named("carrier pigeon")
+
+
+def test_torch_guess_is_dtensors_cost_model():
+    gib = 2**30
+    # torch: 6.6 µs + hops * 0.6 µs (in a host) + bytes_gib * hops / n / 87.7 GB/s
+    want = (6.6 + 14 * 0.6) * 1e-6 + 1.0 * 14 / 8 / 87.7
+    assert torch_guess("all_reduce", gib, 8) == pytest.approx(want, rel=1e-9)
+    across = (6.6 + 15 * 2.7) * 1e-6 + 1.0 * 15 / 16 / (87.7 * 0.22)
+    assert torch_guess("all_gather", gib, 16) == pytest.approx(across, rel=1e-9)
+    assert torch_guess("send", gib, 2) is None
+
+
+# ------------------------------------------------------------ compute and step
+def test_device_peaks_come_from_torch_where_it_has_them():
+    h100 = device("h100", efficiency=0.5)
+    assert "torch._inductor" in h100.source
+    assert h100.flops["bfloat16"] == pytest.approx(1979e12 / 2)       # datasheet, sparsity removed
+    assert h100.seconds(1e15, "bfloat16") == pytest.approx(1e15 / (1979e12 / 2 * 0.5))
+    with pytest.raises(ConfigError, match="no device named 'tpu9'"):
+        device("tpu9")
+
+
+def test_step_time_splits_compute_communication_and_bubble():
+    dev = Device("d", {"float32": 1e12}, 80e9, "test", efficiency=1.0)
+    net = Network.from_bench({"alpha": 0.0, "beta": 1e-9})
+    weights = TOY.parameters * 4
+    ddp = step(parse("ddp"), TOY, 8, 3e12, TOY.parameters, dev, net)
+    assert ddp.compute == pytest.approx(3.0)
+    assert ddp.communication == pytest.approx(2 * 7 / 8 * weights * 1e-9)
+    assert 0 < ddp.exposed <= ddp.communication                 # the last bucket at least
+    fsdp = step(parse("fsdp"), TOY, 8, 3e12, TOY.parameters, dev, net)
+    assert fsdp.communication == pytest.approx(1.5 * ddp.communication)   # ag, ag, rs
+    pp = step(parse("pp2+ddp"), TOY, 4, 3e12, TOY.parameters // 2, dev, net)
+    assert pp.bubble == pytest.approx((2 - 1) / TOY.batch * 3.0)      # 1F1B: (P-1)/M
+    ops = [c[0] for c in collectives(parse("tp2+ddp"), TOY, 4, TOY.parameters)]
+    assert ops.count("all_reduce") == 1 + 4 * TOY.layers             # gradients + 4 per layer
+    assert ddp.total == pytest.approx(ddp.compute + ddp.exposed)
+    shared = Device("cpu", {"float32": 1e12}, 80e9, "test", efficiency=1.0, overlap=False)
+    on_cpu = step(parse("fsdp"), TOY, 8, 3e12, TOY.parameters, shared, net)
+    assert on_cpu.exposed == on_cpu.communication and on_cpu.hidden == 0   # gloo shares the cores
+
+
+# ------------------------------------------------------------ the model and the API
+def test_configs_count_their_parameters():
+    assert 1.0e9 < CONFIGS["llm-1b"].parameters < 1.05e9
+    assert TOY.parameters == 4 * (2 * 256 * 1024 + 1024 + 256)
+
+
+def test_plan_takes_configs_not_modules():
+    assert callable(ddplab.plan) and ddplab.plan.plan is not None
+    with pytest.raises(ConfigError, match="cannot plan for .*ddplab.plan.Config"):
+        ddplab.plan(object())
+
+
+# ------------------------------------------------------------ measured by torch (a child process)
+@pytest.fixture(scope="module")
+def traced():
+    from ddplab.plan.memory import measure
+
+    return measure(TOY, [("ddp", 4), ("fsdp", 4), ("fsdp", 16), ("zero1", 4), ("pp2+ddp", 4),
+                         ("tp2+ddp", 4), ("tp2+fsdp", 4), ("pp2+fsdp", 8)], timeout=600)
+
+
+@pytest.mark.slow
+def test_ddp_holds_16_bytes_per_parameter_with_adam_in_fp32(traced):
+    state = traced[("ddp", 4)]["state"]
+    per_parameter = (state["parameters"] + state["gradients"] + state["optimizer"]) / TOY.parameters
+    assert per_parameter == pytest.approx(16, rel=0.01)               # 4 + 4 + 8 (exp_avg, exp_avg_sq)
+    assert traced[("ddp", 4)]["activations"] > 0
+    assert traced[("ddp", 4)]["peak"] >= sum(state.values())
+
+
+@pytest.mark.slow
+def test_fsdp_and_zero_shard_what_they_should(traced):
+    full = traced[("ddp", 4)]["state"]
+    for n in (4, 16):
+        state = traced[("fsdp", n)]["state"]
+        for kind in ("parameters", "gradients", "optimizer"):
+            assert state[kind] == pytest.approx(full[kind] / n, rel=0.05), (n, kind)
+    zero = traced[("zero1", 4)]["state"]
+    assert zero["parameters"] == full["parameters"]
+    assert zero["optimizer"] == pytest.approx(full["optimizer"] / 4, rel=0.2)   # whole tensors per rank
+    assert traced[("pp2+ddp", 4)]["state"]["parameters"] == pytest.approx(full["parameters"] / 2, rel=0.01)
+    assert traced[("tp2+ddp", 4)]["state"]["parameters"] == pytest.approx(full["parameters"] / 2, rel=0.01)
+    assert traced[("tp2+ddp", 4)]["flops"] == traced[("ddp", 4)]["flops"] // 2
+    both = traced[("tp2+fsdp", 4)]["state"]                             # tp 2, then fsdp over 2
+    assert both["parameters"] == pytest.approx(full["parameters"] / 4, rel=0.01)
+    staged = traced[("pp2+fsdp", 8)]["state"]                           # 2 stages, fsdp over 4
+    assert staged["parameters"] == pytest.approx(full["parameters"] / 8, rel=0.02)
+    # FlopCounterMode: forward 2·rows·weights, backward twice that (the weights' gradient and the
+    # input's), less the first layer's input gradient: the batch needs none
+    rows, weights = TOY.batch * TOY.seq, 4 * (2 * 256 * 1024)
+    assert traced[("ddp", 4)]["flops"] == 3 * 2 * rows * weights - 2 * rows * 256 * 1024
+
+
+@pytest.mark.slow
+def test_a_plan_says_what_does_not_fit_and_what_would():
+    tight = Device("tiny", {"float32": 1e12}, 20e6, "test")
+    made = ddplab.plan(TOY, world_sizes=[1, 8], strategies=["ddp", "fsdp", "tp8+ddp"], device=tight,
+                       network={"alpha": 1e-5, "beta": 1e-9})
+    assert not made.row("ddp", 8).fits(tight.memory) and made.row("fsdp", 8).fits(tight.memory)
+    advice = made.advice()
+    fitting = [r for r in made.rows if r.world_size == 8 and r.fits(tight.memory)]
+    fastest = max(fitting, key=lambda r: r.tokens_per_s)
+    assert fastest.tokens_per_s == pytest.approx(fastest.tokens / fastest.step.total)
+    assert f"8 ranks: does not fit in 0.02 GB: ddp. fastest that fits: {fastest.strategy} (" in advice
+    assert "1 ranks: does not fit" in advice and "nothing asked fits" in advice
+    assert "not a multiple of tp*pp = 8" in made.table()          # tp8 at 1 rank: said, not raised
+    import torch.distributed as dist
+    assert not dist.is_initialized()          # the fake group lived in the children, not here
+    assert math.isclose(made.row("fsdp", 8).step.compute, made.row("ddp", 8).step.compute)
+    figure = made.picture()
+    assert len(figure.axes) == 2
+
+
+@pytest.mark.slow
+def test_the_command_line_prints_a_plan():
+    done = subprocess.run([sys.executable, "-m", "ddplab.plan", "toy", "--world-sizes", "2", "8",
+                           "--strategies", "ddp", "fsdp", "--device", "a100"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "toy: 0.0021B parameters" in done.stdout and "fastest that fits" in done.stdout
