@@ -30,8 +30,8 @@ from torch import nn
 
 from .rank.trace import region
 
-__all__ = ["WIDTH", "Stage", "bubble", "live_activations", "loss_fn", "micro_batches", "model",
-           "schedule_order", "simulate"]
+__all__ = ["WIDTH", "Stage", "bubble", "chart", "live_activations", "loss_fn", "micro_batches",
+           "model", "schedule_order", "simulate"]
 
 #: Features in and out of every stage: every activation sent between stages is (rows, WIDTH).
 WIDTH = 8
@@ -175,3 +175,16 @@ def bubble(timeline: dict[int, list[tuple[str, int, float, float]]]) -> float:
     ops = [op for ops in timeline.values() for op in ops]
     length = max(op[3] for op in ops) - min(op[2] for op in ops)
     return 1 - sum(op[3] - op[2] for op in ops) / (len(timeline) * length)
+
+
+def chart(timeline: dict[int, list[tuple[str, int, float, float]]], unit: float = 1.0) -> str:
+    """A simulated step as text: a row per rank, two characters per ``unit`` of time, ``··`` idle."""
+    end = max(op[3] for ops in timeline.values() for op in ops)
+    rows = []
+    for rank, ops in sorted(timeline.items()):
+        cells = ["··"] * round(end / unit)
+        for kind, i, start, stop in ops:
+            for t in range(round(start / unit), round(stop / unit)):
+                cells[t] = f"{kind}{i}"
+        rows.append(f"rank {rank} |{''.join(cells)}|")
+    return "\n".join(rows)
