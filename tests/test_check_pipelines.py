@@ -12,12 +12,11 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import fails
 
 import ddplab
 from ddplab import pipeline
 from ddplab.check import pipelines as check
-
-from .conftest import fails
 
 pytestmark = pytest.mark.slow
 
