@@ -71,26 +71,26 @@ def _unwaited(exercise: str, got: list[dict]) -> None:
                              "Keep every request and wait() on it before the step ends.")
 
 
-def _messages(exercise: str, p: int, counts: list[dict], per_link: int) -> None:
-    """Each stage sends ``per_link`` messages to each neighbour and receives as many from each."""
+def _messages(exercise: str, p: int, counts: list[dict], m: int, backward: bool) -> None:
+    """Stage r sends m activations to r + 1 and, with ``backward``, m gradients to r - 1; and receives
+    the same from the other side."""
     wrong = []
     for rank, c in enumerate(counts):
-        want = {r: per_link for r in (rank - 1, rank + 1) if 0 <= r < p}
-        fwd = {r: per_link for r in (rank + 1,) if r < p}
-        for kind, book, expected in (("sent", c["sent"], want), ("received", c["received"], want)):
-            if per_link == 1:           # one forward pass: only activations, towards the last stage
-                expected = fwd if kind == "sent" else {r: 1 for r in (rank - 1,) if r >= 0}
-            if book != expected:
-                wrong.append(f"  rank {rank} {kind} "
-                             + (", ".join(f"{n} to/from rank {r}" for r, n in sorted(book.items()))
-                                or "nothing"))
+        ahead = {rank + 1: m} if rank < p - 1 else {}
+        behind = {rank - 1: m} if rank > 0 else {}
+        expected = {"sent": {**ahead, **(behind if backward else {})},
+                    "received": {**behind, **(ahead if backward else {})}}
+        for kind, word in (("sent", "to"), ("received", "from")):
+            if c[kind] != expected[kind]:
+                said = ", ".join(f"{n} {word} rank {r}" for r, n in sorted(c[kind].items()))
+                wrong.append(f"  rank {rank} {kind} {said or 'nothing'}")
     if wrong:
-        what = "its activation" if per_link == 1 else f"each of the {per_link} micro-batches"
+        rule = (f"Every stage but the last sends each of the {m} micro-batches' activations to the "
+                f"next stage once, and every stage but the first sends the gradient of each "
+                f"micro-batch's input back once." if backward else
+                "Every stage but the last sends its activation to the next stage once.")
         raise AssertionError(f"{exercise}: the messages are not a pipeline's on {p} stages:\n"
-                             + "\n".join(wrong) + f"\nEvery stage but the last sends {what} to the "
-                             f"next stage once" + ("" if per_link == 1 else ", and every stage but "
-                             "the first sends the gradient of each micro-batch's input back once")
-                             + ".")
+                             + "\n".join(wrong) + "\n" + rule)
 
 
 def pipeline_forward(fn: Callable, lab: Any = None) -> None:
@@ -106,7 +106,7 @@ def pipeline_forward(fn: Callable, lab: Any = None) -> None:
     got = _run("pipeline_forward(stage, micro_batch)", lab, _stages.forward_once, fn,
                "pipeline_forward")
     _unwaited("pipeline_forward", got)
-    _messages("pipeline_forward", p, got, 1)
+    _messages("pipeline_forward", p, got, 1, backward=False)
     inputs, _ = pipeline.micro_batches(1, rows=3, seed=7)
     whole, out = pipeline.model(p), inputs[0]
     for rank in range(p):
@@ -133,7 +133,7 @@ def _check_training(exercise: str, fn: Callable, lab: Any, order: Callable[[int,
     p, m = lab.world_size, MICRO_BATCHES
     got = _run(f"{exercise}(stage, inputs, targets)", lab, _stages.train, fn, exercise, STEPS, m)
     _unwaited(exercise, got)
-    _messages(exercise, p, [g["messages"][0] for g in got], m)
+    _messages(exercise, p, [g["messages"][0] for g in got], m, backward=True)
     weights, first, wrong = _stages.reference(p, STEPS, m)
     for rank, g in enumerate(got):
         if any(q is None for q in g["grads"]):
