@@ -112,6 +112,19 @@ def forward_to_every_next_rank(stage, micro_batch):
     return y
 
 
+def forward_skipping_a_stage(stage, micro_batch):
+    """Stage 0 sends to rank 2, past stage 1, which waits for it."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    x = micro_batch
+    if rank > 0:
+        x = torch.empty_like(micro_batch)
+        dist.recv(x, src=rank - 1)
+    y = stage(x)
+    if rank < world_size - 1:
+        dist.send(y.detach(), dst=rank + 2 if rank == 0 else rank + 1)
+    return y
+
+
 def forward_without_wait(stage, micro_batch):
     """irecv whose request is dropped: a missing wait."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -207,6 +220,14 @@ def test_pipeline_forward_wrong_stage_named(fresh_lab):
                     "rank 1 sent a micro-batch to rank 2", "a micro-batch sent to the wrong stage")
     assert "Correct" not in message
     assert fresh_lab.healthy
+
+
+def test_pipeline_forward_skipping_a_stage_named_and_the_stuck_lab_restarted(fresh_lab4):
+    message = fails(lambda: check.pipeline_forward(forward_skipping_a_stage),
+                    "rank 0 sent a micro-batch to rank 2 (dist.send(dst=2))", "wrong stage",
+                    "The check restarted the lab")
+    assert "rank 1: still in recv" in message           # the stage it skipped, waiting for it
+    assert fresh_lab4.healthy
 
 
 def test_pipeline_forward_missing_wait_named(fresh_lab):
