@@ -37,6 +37,11 @@ HANG_HINT = ("a stage that sends with the blocking dist.send while its neighbour
              "order it sends it.")
 
 
+#: What the lab's messages advise after a hang, which the check has done when it restarted the lab.
+_RECOVER = ("Then recover with: lab.restart()",
+            "Those ranks cannot be freed from inside. Recover with: lab.restart()")
+
+
 def _run(what: str, lab: Any, fn: Callable, *args: Any) -> list[Any]:
     """``fn`` on every rank; a failure or hang becomes an AssertionError, and a stuck lab is restarted."""
     __tracebackhide__ = True
@@ -50,8 +55,11 @@ def _run(what: str, lab: Any, fn: Callable, *args: Any) -> list[Any]:
             lab.restart()
         except Exception:  # noqa: BLE001 - the lab could not restart: the student's lab.restart() will say why
             raise error from None
-        raise AssertionError(str(error).replace("Then recover with: lab.restart()", "")
-                             + "\n(The check restarted the lab: its ranks are fresh.)") from None
+        said = str(error)
+        for advice in _RECOVER:                      # done: the check restarted it
+            said = said.replace(advice, "")
+        raise AssertionError(said.rstrip() + "\n(The check restarted the lab: its ranks are fresh.)") \
+            from None
 
 
 def _need(fn: Any, name: str) -> None:
