@@ -183,6 +183,45 @@ def one_f_one_b_receiving_first(stage, inputs, targets):
     one_f_one_b_step(stage, inputs, targets)
 
 
+def one_f_one_b_with_blocking_sends(stage, inputs, targets):
+    """1F1B with dist.send: in the steady state stage 0 sends an activation while stage 1 sends a
+    gradient back, and gloo's send returns only once its receive is posted."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    m = len(inputs)
+    held = {}
+
+    def forward(i):
+        x = inputs[i]
+        if rank > 0:
+            x = torch.empty_like(inputs[i])
+            dist.recv(x, src=rank - 1)
+            x.requires_grad_()
+        y = stage(x)
+        if rank < world_size - 1:
+            dist.send(y.detach(), dst=rank + 1)
+        held[i] = (x, y)
+
+    def backward(i):
+        x, y = held.pop(i)
+        if rank == world_size - 1:
+            (pipeline.loss_fn(y, targets[i]) / m).backward()
+        else:
+            grad = torch.empty_like(y)
+            dist.recv(grad, src=rank + 1)
+            y.backward(grad)
+        if rank > 0:
+            dist.send(x.grad, dst=rank - 1)
+
+    warmup = min(world_size - 1 - rank, m)
+    for i in range(warmup):
+        forward(i)
+    for i in range(m - warmup):
+        forward(warmup + i)
+        backward(i)
+    for i in range(m - warmup, m):
+        backward(i)
+
+
 def bubble_per_rank_span(events):
     ranks = sorted({e.rank for e in events})
     busy = sum(e.end - e.start for e in events)
@@ -287,11 +326,13 @@ def test_one_f_one_b_rejects_gpipe_naming_the_activations_held(fresh_lab):
     assert "F0 F1 F2 F3 B0 B1 B2 B3" in message
 
 
-def test_one_f_one_b_deadlock_reported_within_15_s_naming_rank_and_op(fresh_lab):
+@pytest.mark.parametrize("deadlocked, op", [(one_f_one_b_receiving_first, "recv"),
+                                             (one_f_one_b_with_blocking_sends, "send")])
+def test_one_f_one_b_deadlock_reported_within_15_s_naming_rank_and_op(fresh_lab, deadlocked, op):
     start = time.monotonic()
-    message = fails(lambda: check.one_f_one_b(one_f_one_b_receiving_first),
-                    "did not finish within 15 s", "(a deadlock)", "rank 0: still in recv",
-                    "rank 1: still in recv", "Hint:", "The check restarted the lab")
+    message = fails(lambda: check.one_f_one_b(deadlocked),
+                    "did not finish within 15 s", "(a deadlock)", f"rank 0: still in {op}",
+                    f"rank 1: still in {op}", "Hint:", "The check restarted the lab")
     took = time.monotonic() - start
     assert took < 3 * check.TIMEOUT, took          # the check's 15 s, not the lab's timeout
     assert "1F1B's steady state" in message

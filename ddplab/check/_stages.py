@@ -189,10 +189,12 @@ def close(a: list, b: list, atol: float = 1e-12) -> bool:
                for x, y in zip(a, b))
 
 
-def warm() -> None:
+def warm(student: Any = None) -> None:
     """On a rank: import what the checks run and do one forward and backward, before their timeout.
 
-    Refusing ``torch.distributed.pipelining`` imports it, which takes seconds.
+    Refusing ``torch.distributed.pipelining`` imports it, which takes seconds; so
+    may the module of the student's function, which arrives here (unpickled) as
+    ``student`` and is not called.
     """
     from ddplab import pipeline
 

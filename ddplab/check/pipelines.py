@@ -45,7 +45,7 @@ _RECOVER = ("Then recover with: lab.restart()",
 def _run(what: str, lab: Any, fn: Callable, *args: Any) -> list[Any]:
     """``fn`` on every rank; a failure or hang becomes an AssertionError, and a stuck lab is restarted."""
     __tracebackhide__ = True
-    run_on_ranks(_stages.warm, lab=lab, timeout=120.0)
+    run_on_ranks(_stages.warm, *args[:1], lab=lab, timeout=120.0)   # args[0]: the student's function
     try:
         return run_student_code(what, fn, *args, lab=lab, timeout=TIMEOUT, hint=HANG_HINT)
     except AssertionError as error:
