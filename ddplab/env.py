@@ -15,8 +15,9 @@ from . import limits
 from .errors import ConfigError
 from .text import plural
 
-#: Each rank is a full Python process with torch imported (roughly 300 MB), so
-#: one machine runs out of memory long before it runs out of ranks.
+#: Each rank is a process of its own, forked with torch loaded (about 40 MB of its
+#: own, RANK_MEMORY_BYTES), and needs a share of a core: past 64 on one machine the
+#: ranks mostly wait for cores (RANKS_PER_CORE), and a lab on hosts is the way on.
 MAX_LOCAL_WORLD_SIZE = 64
 BACKENDS = ("auto", "gloo", "nccl")
 #: How the ranks meet, for ``ddplab.start(init_method=...)``: ``"store"`` is
@@ -152,8 +153,10 @@ def check_world_size(world_size: object) -> int:
             f"Use for example world_size=2.")
     if world_size > MAX_LOCAL_WORLD_SIZE:
         raise ConfigError(
-            f"ddplab: world_size={world_size} is too many ranks for one machine: each rank is "
-            f"a Python process with torch loaded (~300 MB). Use at most {MAX_LOCAL_WORLD_SIZE}.")
+            f"ddplab: world_size={world_size} is more ranks than one machine runs: each rank is a "
+            f"process of its own that needs a share of a core ({RANKS_PER_CORE} ranks per core run "
+            f"well) and memory ({rank_memory() >> 20} MB budgeted per rank). Use at most "
+            f"{MAX_LOCAL_WORLD_SIZE} here, or spread the ranks over hosts: start(hosts=[...]).")
     return world_size
 
 

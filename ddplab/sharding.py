@@ -5,6 +5,7 @@
     sharding.memory(model, optimizer)              # bytes THIS rank holds: parameters, gradients, optimizer
     sharding.train_steps(model, optimizer, 5)      # 5 steps on this rank's share of the digits
     sharding.full_weights(model)                   # every weight as one flat tensor, gathered if sharded
+    sharding.tiny_mlp(), sharding.tiny_batch(step, world_size, rank)   # notebook 12's float64 model, data
 
 DDP, ``ZeroRedundancyOptimizer`` and FSDP2 (``fully_shard``) differ in what
 each rank keeps, not in what they compute: with the same start, data and
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["digits_batch", "full_weights", "memory", "mlp", "train_steps"]
+__all__ = ["digits_batch", "full_weights", "memory", "mlp", "tiny_batch", "tiny_mlp", "train_steps"]
 
 
 def mlp(hidden: int = 128, seed: int = 0, dtype: Any = None):
@@ -126,3 +127,43 @@ def full_weights(model: Any) -> Any:
         p = p.detach()
         parts.append((p.full_tensor() if hasattr(p, "full_tensor") else p).flatten())
     return torch.cat(parts)
+
+
+#: Rows of each step's batch per rank in ``tiny_batch``.
+TINY_ROWS = 4
+
+
+def tiny_mlp(sizes: tuple[int, ...] = (6, 10, 10, 3), seed: int = 0, dtype: Any = None):
+    """Notebook 12's model: Linear layers of ``sizes`` with tanh between, float64 unless ``dtype``.
+
+    The same weights on every rank that asks (built under ``torch.manual_seed(seed)``,
+    the caller's random state untouched). The default has 213 parameters: an odd
+    number, so a flat tensor of them does not split evenly over 2 ranks.
+    """
+    import torch
+    from torch import nn
+
+    layers: list = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+            layers += [nn.Linear(a, b)] + ([nn.Tanh()] if i < len(sizes) - 2 else [])
+    return nn.Sequential(*layers).to(dtype or torch.float64)
+
+
+def tiny_batch(step: int, world_size: int, rank: int | None = None,
+               sizes: tuple[int, ...] = (6, 10, 10, 3)) -> tuple[Any, Any]:
+    """Step ``step``'s whole batch for ``tiny_mlp`` (``4 * world_size`` rows), or ``rank``'s 4 rows of it.
+
+    Inputs and targets are float64 and the same on every rank, so one process
+    training on the whole batch is the reference for the ranks training on their rows.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(100 + step)
+    x = torch.randn(TINY_ROWS * world_size, sizes[0], generator=g, dtype=torch.float64)
+    y = torch.randn(TINY_ROWS * world_size, sizes[-1], generator=g, dtype=torch.float64)
+    if rank is None:
+        return x, y
+    rows = slice(rank * TINY_ROWS, (rank + 1) * TINY_ROWS)
+    return x[rows], y[rows]

@@ -137,6 +137,14 @@ def test_resumable_train_accepts_a_loop_that_restores_the_epoch(fresh_lab, capsy
     fresh_lab.run_cell("assert save_state is None and load_state is None")   # given back
 
 
+def test_resumable_train_rejects_a_run_that_starts_over(fresh_lab):
+    """The bypass: never load, train every epoch again (the weights end the same)."""
+    source = TRAIN.replace("        start = load_state(latest(path), model, optimizer)", "        pass")
+    assert source != TRAIN
+    fresh_lab.run_cell(source)
+    fails(ddplab.check.resumable_train, "what the resumed run loaded and saved", "starts over")
+
+
 @pytest.mark.parametrize("edit,needle", [
     (("sampler.set_epoch(epoch)", "sampler.set_epoch(epoch - start)"), "sampler.set_epoch(epoch)"),
     (("        start = load_state(", "        load_state("), "is wrong"),
@@ -164,6 +172,21 @@ def test_async_checkpoint_accepts_async_save(fresh_lab, capsys):
     fresh_lab.run_cell(ASYNC)
     ddplab.check.async_checkpoint()
     assert last_line(capsys).startswith("Correct: async_checkpoint returns at once with a future")
+
+
+def test_async_checkpoint_rejects_a_blocking_save_returned_as_a_finished_future(fresh_lab):
+    """The bypass: dcp.save in the call, then a Future already done (it "returns a Future")."""
+    fresh_lab.run_cell(IMPORTS + """
+from concurrent.futures import Future
+
+def async_checkpoint(path, model, optimizer, epoch):
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state, "epoch": epoch}, checkpoint_id=path)
+    done = Future()
+    done.set_result(None)
+    return done
+""")
+    fails(ddplab.check.async_checkpoint, "written in a background thread", "dcp.async_save write")
 
 
 def test_async_checkpoint_rejects_a_blocking_save(fresh_lab):

@@ -58,3 +58,21 @@ def test_an_unknown_library_names_the_known_ones():
         with refusing_library(("DataParallel",), "x", builds="y"):
             pass
     assert "not DataParallel" in str(raised.value) and all(n in str(raised.value) for n in LIBRARY)
+
+
+def test_torchs_compression_hooks_are_refused_through_any_alias_and_restored():
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook as taken
+
+    def wrapper(state, bucket):                 # the bypass: torch's hook under another name
+        return taken(state, bucket)
+
+    code = taken.__code__
+    with refusing_library(("torch's compression hooks",), "bf16_hook", builds="a compression hook"):
+        for call in (lambda: wrapper(None, None), lambda: default_hooks.fp16_compress_hook(None, None),
+                     lambda: default_hooks._compress_hook(torch.bfloat16, None, None)):
+            with pytest.raises(AssertionError, match="bf16_hook builds a compression hook by hand, so it "
+                                                     "may not use torch's compression hooks") as raised:
+                call()
+            assert " line " in str(raised.value)         # the student's line
+    assert taken.__code__ is code and default_hooks.bf16_compress_hook is taken

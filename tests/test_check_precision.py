@@ -142,6 +142,18 @@ def test_bf16_hook_rejects(fresh_lab, edit, needle):
     fails(ddplab.check.bf16_hook, needle)
 
 
+def test_bf16_hook_refuses_torchs_own_hook_under_another_name(fresh_lab):
+    """The bypass: a one-line wrapper around torch's bf16_compress_hook (registered by its own name,
+    torch refuses it on a CPU build; under another name it runs, on gloo too)."""
+    fresh_lab.run_cell(IMPORTS + """
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+def bf16_hook(state, bucket):
+    return default_hooks.bf16_compress_hook(state, bucket)
+""")
+    fails(ddplab.check.bf16_hook, "may not use torch's compression hooks")
+
+
 # ------------------------------------------------------------------ accumulate
 ACCUMULATE = IMPORTS + """
 def accumulate(ddp, optimizer, batches):
@@ -179,6 +191,20 @@ def test_accumulate_rejects(fresh_lab, edit, needle):
     assert source != ACCUMULATE
     fresh_lab.run_cell(source)
     fails(ddplab.check.accumulate, needle)
+
+
+def test_accumulate_rejects_one_backward_over_all_micro_batches(fresh_lab):
+    """The bypass: the micro-batches concatenated, one forward and one backward (one all_reduce, the
+    same weights), which is one larger batch, not accumulation."""
+    fresh_lab.run_cell(IMPORTS + """
+def accumulate(ddp, optimizer, batches):
+    optimizer.zero_grad()
+    x = torch.cat([x for x, _ in batches])
+    y = torch.cat([y for _, y in batches])
+    F.cross_entropy(ddp(x), y).backward()
+    optimizer.step()
+""")
+    fails(ddplab.check.accumulate, "backward passes", "a forward and a backward per micro-batch")
 
 
 def test_accumulate_rejects_no_sync_around_backward_only(fresh_lab):

@@ -2,8 +2,11 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
@@ -45,6 +48,19 @@ def test_release_of_a_corrupt_notebook_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("output, words", [
+    ("{tmp}/taken.txt", "is a file; -o names the folder"),
+    ("/proc/released", "cannot be made"),
+])
+def test_release_to_an_unusable_output_is_one_line_and_exit_2(tmp_path, output, words):
+    (tmp_path / "taken.txt").write_text("mine")
+    result = _cli("release", str(ROOT / "notebooks" / "00_setup.ipynb"), "-o", output.format(tmp=tmp_path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], lines
+    assert (tmp_path / "taken.txt").read_text() == "mine"
+
+
 def test_grading_runs_twice_the_cores_at_once_as_far_as_memory_allows():
     from ddplab.grade.class_run import SUBMISSION_MEMORY_BYTES, default_jobs
     assert default_jobs(available=64 * 2**30, cores=2) == 8
@@ -59,6 +75,8 @@ def test_grading_runs_twice_the_cores_at_once_as_far_as_memory_allows():
     (["--jobs", "0"], "--jobs 0 is not a positive number"),
     (["--csv", "{tmp}/missing/grades.csv"], "does not exist"),
     (["--csv", "{tmp}"], "is a folder"),
+    (["--csv", "{tmp}/00_setup.ipynb/grades.csv"], "is a file, not a folder"),
+    (["--csv", "{tmp}/grades.csv", "--junit", "{tmp}/grades.csv"], "would replace the CSV"),
     (["--junit", "{tmp}/00_setup.ipynb"], "would overwrite a notebook"),
     (["--csv", "/proc/grades.csv"], "cannot be written"),
     (["--resume"], "--resume needs --csv or --junit"),

@@ -315,6 +315,24 @@ def test_torchrun_script_runs_unchanged_and_resumes_from_its_snapshot(fresh_lab,
     assert_lab_usable(fresh_lab)
 
 
+def test_run_script_imports_the_scripts_own_modules_afresh_each_run(fresh_lab, tmp_path, capsys):
+    """As a new torchrun process would: two scripts' sibling model.py never collide, and an edited
+    module runs as edited (the rank outlives the scripts it runs)."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.py").write_text(f"WHO = {name!r}\n")
+        (tmp_path / name / "main.py").write_text(
+            "import os\nimport model\nif os.environ['RANK'] == '0':\n    print('model is', model.WHO)\n")
+    fresh_lab.run_script(str(tmp_path / "a" / "main.py"))
+    fresh_lab.run_script(str(tmp_path / "b" / "main.py"))
+    (tmp_path / "a" / "model.py").write_text("WHO = 'a, edited'\n")
+    fresh_lab.run_script(str(tmp_path / "a" / "main.py"))
+    seen = [line for line in capsys.readouterr().out.splitlines() if "model is" in line]
+    assert seen == ["model is a", "model is b", "model is a, edited"], seen
+    paths = fresh_lab.run(lambda: [p for p in __import__("sys").path if str(tmp_path) in p])
+    assert paths == [[], []]                          # no script folder left on sys.path
+
+
 def test_run_script_of_a_missing_file_is_a_config_error(fresh_lab, tmp_path):
     with pytest.raises(ConfigError, match="found no file at"):
         fresh_lab.run_script(str(tmp_path / "nowhere.py"))

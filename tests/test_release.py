@@ -56,6 +56,16 @@ def test_the_course_notebook_releases_with_stubs_and_reference_check_outputs():
     assert "all_reduce" in original["exercise-mean-score"].source
 
 
+def test_solution_markers_in_a_markdown_cell_are_refused_not_released():
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_markdown_cell("The answer:\n### BEGIN SOLUTION\n42\n### END SOLUTION",
+                                                  id="answer"))
+    with pytest.raises(ReleaseError, match="x.ipynb, cell answer is a markdown cell with a solution marker"):
+        release_notebook(nb, "x.ipynb")
+    nb.cells[0].source = "Solutions sit between `### BEGIN SOLUTION` and `### END SOLUTION`."
+    assert release_notebook(nb, "x.ipynb").cells[0].source == nb.cells[0].source   # text about them
+
+
 def test_an_exercise_cell_without_markers_is_refused():
     nb = nbformat.v4.new_notebook()
     nb.cells.append(nbformat.v4.new_code_cell("total = 10", id="exercise-mean-score",

@@ -211,3 +211,24 @@ def test_live_site_answers_as_locate_does_as_callers_move_on():
     assert {call for (_, call), _ in answers} == {"send"}
     live.forget()
     assert live.kept == (None, "")
+
+
+@pytest.mark.parametrize("text", [
+    'File "/usr/lib/python3/site-packages/torch/x.py", line 3',
+    "at /a/site-packages/b/site-packages/c.py and /opt/venv/lib/site-packages/d.py",
+    "site-packages/e.py starts the text; 'quoted /q/site-packages/f.py'",
+    "no path here at all",
+    "\t/x/site-packages/\n",
+])
+def test_site_packages_paths_are_cut_as_the_pattern_cut_them(text):
+    import re
+
+    pattern = re.compile(r'[^"\s]*?site-packages/')     # the old cut, the meaning kept
+    assert engine.relative_to_site_packages(text) == pattern.sub("", text)
+
+
+def test_a_huge_one_word_message_is_formatted_in_one_pass():
+    """A 4 MB token: the old pattern retried from every position (quadratic: it never ended)."""
+    word = "x" * 4_000_000
+    assert engine.relative_to_site_packages(f"ValueError: {word}/site-packages/y") == "ValueError: y"
+    assert engine.relative_to_site_packages(word) == word

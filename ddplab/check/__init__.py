@@ -17,6 +17,8 @@ Notebooks call checkers through ``ddplab.check.``, so the two never collide.
 
 from . import (
                allreduce,
+               build_ddp,
+               build_sharded,
                byhand,
                checkpoints,
                collectives,
@@ -34,6 +36,8 @@ from . import (
 )
 from ._core import compare as compare, passed as passed, values_on_ranks as values_on_ranks
 from .allreduce import *  # noqa: F401,F403
+from .build_ddp import *  # noqa: F401,F403
+from .build_sharded import *  # noqa: F401,F403
 from .byhand import *  # noqa: F401,F403
 from .checkpoints import *  # noqa: F401,F403
 from .collectives import *  # noqa: F401,F403
@@ -49,7 +53,8 @@ from .sharding_model import *  # noqa: F401,F403
 from .timeline import *  # noqa: F401,F403
 from .training import *  # noqa: F401,F403
 
-__all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *byhand.__all__,
+__all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *build_ddp.__all__,
+                  *build_sharded.__all__, *byhand.__all__,
                   *checkpoints.__all__, *collectives.__all__, *debugging.__all__, *launchers.__all__,
                   *multinode.__all__, *p2p.__all__, *pipelines.__all__, *precision.__all__, *setup.__all__,
                   *samplers.__all__, *sharding_model.__all__,

@@ -17,7 +17,11 @@ pipeline schedule) keep the collectives and refuse the library instead:
 ``refusing_library`` makes constructing the class that every use of that
 library goes through raise, however it was imported. ``fully_shard`` is a
 function, but it always builds an ``FSDPState``; ``pipeline()`` builds a
-``Pipe``; ``batch_isend_irecv`` takes ``P2POp``s.
+``Pipe``; ``batch_isend_irecv`` takes ``P2POp``s. A library that is plain
+functions (torch's DDP compression hooks) is refused by swapping each
+function's code object for one that raises: every alias of the function
+object (``from ... import bf16_compress_hook as h``, a wrapper that calls it)
+runs the swapped code.
 """
 
 from __future__ import annotations
@@ -59,8 +63,17 @@ _CLASSES = {
                                      ("torch.distributed.pipelining._IR", "Pipe")),
     "batch_isend_irecv": (("torch.distributed.distributed_c10d", "P2POp"),),
 }
+_HOOKS = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks"
+#: Libraries of plain functions: (module, function) whose code is swapped while refused.
+_FUNCTIONS = {
+    "torch's compression hooks": tuple((_HOOKS, name) for name in (
+        "_compress_hook", "fp16_compress_hook", "bf16_compress_hook",
+        "fp16_compress_wrapper", "bf16_compress_wrapper")),
+}
 #: Every library ``refusing_library`` knows.
-LIBRARY = tuple(_CLASSES)
+LIBRARY = (*_CLASSES, *_FUNCTIONS)
+#: What a refused function's swapped code reports: its library's name -> (exercise, builds).
+_REFUSING: dict[str, tuple[str, str]] = {}
 
 
 def _classes() -> list[type]:
@@ -118,18 +131,43 @@ def forbidding(collectives: tuple[str, ...], exercise: str, builds: str = "all_r
             setattr(cls, method, value)
 
 
+def _refuse_library(name: str, exercise: str, builds: str, frame) -> None:
+    __tracebackhide__ = True
+    from ddplab.rank.where import locate, records
+
+    found = locate(records(frame))
+    at = f" (at {found.line})" if found.line else ""
+    raise AssertionError(
+        f"{exercise} builds {builds} by hand, so it may not use {name}{at}. The check "
+        f"refuses the library itself, whatever name it is imported by. Write it from the "
+        f"tensors and the dist calls the exercise names.")
+
+
 def _library_refusal(name: str, exercise: str, builds: str):
     def refuse(self, *args, **kwargs):
         __tracebackhide__ = True
-        from ddplab.rank.where import locate, records
-
-        found = locate(records(sys._getframe(1)))
-        at = f" (at {found.line})" if found.line else ""
-        raise AssertionError(
-            f"{exercise} builds {builds} by hand, so it may not use torch's {name}{at}. The check "
-            f"refuses the library itself, whatever name it is imported by. Write it from the "
-            f"tensors and the dist calls the exercise names.")
+        _refuse_library(f"torch's {name}", exercise, builds, sys._getframe(1))
     return refuse
+
+
+def _refuse_call(name: str) -> None:
+    """What a refused function's swapped code calls (it runs with torch's globals, so it finds us
+    through ``sys.modules``)."""
+    __tracebackhide__ = True
+    exercise, builds = _REFUSING[name]
+    _refuse_library(name, exercise, builds, sys._getframe(2))
+
+
+def _refusing_code(function, name: str):
+    """A code object for ``function`` that refuses: no free variables (a code swap needs as many as
+    the function has, and torch's hooks have none), the library's name a literal."""
+    source = (f"def {function.__name__}(*args, **kwargs):\n"
+              f"    __tracebackhide__ = True\n"
+              f"    import sys\n"
+              f"    sys.modules[{__name__!r}]._refuse_call({name!r})\n")
+    space: dict = {}
+    exec(compile(source, f"<{name} refused>", "exec"), space)
+    return space[function.__name__].__code__
 
 
 @contextlib.contextmanager
@@ -141,21 +179,30 @@ def refusing_library(names: tuple[str, ...], exercise: str, builds: str) -> Iter
     """
     import importlib
 
-    unknown = sorted(set(names) - set(_CLASSES))
+    unknown = sorted(set(names) - set(LIBRARY))
     if unknown:
         raise ValueError(f"ddplab: refusing_library() knows {', '.join(LIBRARY)}, "
                          f"not {', '.join(unknown)}.")
-    saved = []
+    saved, codes = [], []
     try:
         for name in names:
-            for module, cls_name in _CLASSES[name]:
+            for module, cls_name in _CLASSES.get(name, ()):
                 cls = getattr(importlib.import_module(module), cls_name)
                 saved.append((cls, cls.__dict__.get("__init__")))
                 cls.__init__ = _library_refusal(name, exercise, builds)
+            for module, function_name in _FUNCTIONS.get(name, ()):
+                function = getattr(importlib.import_module(module), function_name)
+                codes.append((function, function.__code__))
+                function.__code__ = _refusing_code(function, name)
+            _REFUSING[name] = (exercise, builds)
         yield
     finally:
+        for function, code in reversed(codes):
+            function.__code__ = code
         for cls, init in reversed(saved):
             if init is None:                # it inherited its __init__: inherit it again
                 del cls.__init__
             else:
                 cls.__init__ = init
+        for name in names:
+            _REFUSING.pop(name, None)

@@ -256,10 +256,21 @@ def _train_answers(student: Callable, folder: str, epochs: int) -> dict:
     ns = namespace()
     names = ("save_state", "load_state")
     kept = {name: ns[name] for name in names if name in ns}
+    calls: list[str] = []                          # what the resumed run loaded and saved
+
+    def save_state(path, *args, **kwargs):
+        calls.append(f"save {os.path.basename(path)}")
+        return reference_save(path, *args, **kwargs)
+
+    def load_state(path, *args, **kwargs):
+        calls.append(f"load {os.path.basename(path)}")
+        return reference_load(path, *args, **kwargs)
+
     ns.update(save_state=reference_save, load_state=reference_load)
     try:
         whole = student(os.path.join(folder, "whole"), epochs)
         first = student(os.path.join(folder, "resumed"), epochs, stop_after=1)
+        ns.update(save_state=save_state, load_state=load_state)
         resumed = student(os.path.join(folder, "resumed"), epochs)
     finally:
         for name in names:                         # the student's own again, or none as before
@@ -269,7 +280,8 @@ def _train_answers(student: Callable, folder: str, epochs: int) -> dict:
                 ns.pop(name, None)
     written = sorted(os.listdir(os.path.join(folder, "resumed")))
     ok = all(hasattr(w, "shape") for w in (whole, first, resumed))
-    return {"equal": ok and bool((whole - resumed).abs().max().item() <= 1e-12),
+    return {"resumed_calls": calls,
+            "equal": ok and bool((whole - resumed).abs().max().item() <= 1e-12),
             "stopped_early": ok and bool((whole - first).abs().max().item() > 0),
             "written": written}
 
@@ -288,6 +300,12 @@ def resumable_train(lab: Any = None) -> None:
     compare("train(path, 3, stop_after=1) stopped early (its weights differ from a whole run)",
             [True] * n, [g["stopped_early"] for g in got],
             hint="return right after saving the checkpoint of epoch stop_after.")
+    compare("what the resumed run loaded and saved (load_state / save_state, by folder)",
+            [["load epoch1", *(f"save epoch{e}" for e in range(2, epochs + 1))]] * n,
+            [g["resumed_calls"] for g in got],
+            hint="resume: load the newest checkpoint (latest(path)) once, before the first epoch, and "
+                 "train only the epochs after it; a run that starts over from epoch 0 is a new run, "
+                 "not a resumed one, even when it ends with the same weights.")
     compare("the weights of a run stopped after epoch 1 and resumed, equal to an uninterrupted "
             "run's (to 1e-12)", [True] * n, [g["equal"] for g in got],
             hint="after loading, start at the saved epoch, and call sampler.set_epoch(epoch) with "
@@ -300,23 +318,39 @@ def resumable_train(lab: Any = None) -> None:
 
 # --------------------------------------------------------------- async_checkpoint
 def _async_answers(student: Callable, folder: str) -> dict:
+    import threading
     from concurrent.futures import Future
 
     import torch
+    from torch.distributed.checkpoint import FileSystemWriter
 
     model, optimizer = _fsdp(seed=0)
     _step(model, optimizer, 0)
     expected = _full(model).clone()
     path = os.path.join(folder, "async")
-    future = student(path, model, optimizer, 4)
-    is_future = isinstance(future, Future)
-    with torch.no_grad():                          # training goes on while the write runs
-        for p in model.parameters():
-            p.add_(1.0)
-    if is_future:
-        future.result()
+    # Which threads write the files: dcp.async_save writes in a thread of its own; a dcp.save
+    # in the call writes in the caller's, however its result is wrapped afterwards.
+    writer = next(c for c in FileSystemWriter.__mro__ if "write_data" in c.__dict__)
+    raw_write, writing_threads = writer.write_data, []
+
+    def write_data(self, *args, **kwargs):
+        writing_threads.append(threading.get_ident())
+        return raw_write(self, *args, **kwargs)
+
+    writer.write_data = write_data
+    try:
+        future = student(path, model, optimizer, 4)
+        is_future = isinstance(future, Future)
+        with torch.no_grad():                          # training goes on while the write runs
+            for p in model.parameters():
+                p.add_(1.0)
+        if is_future:
+            future.result()
+    finally:
+        writer.write_data = raw_write
     torch.distributed.barrier()
-    out = {"future": is_future, "keys": _keys(path), "state_at_call": False}
+    out = {"future": is_future, "keys": _keys(path), "state_at_call": False,
+           "background": bool(writing_threads) and threading.get_ident() not in writing_threads}
     if isinstance(out["keys"], list):
         fresh, adam = _fsdp(seed=9)
         epoch = reference_load(path, fresh, adam)
@@ -336,6 +370,10 @@ def async_checkpoint(lab: Any = None) -> None:
             [g["future"] for g in got],
             hint="return what dcp.async_save(...) returns: the caller waits on it (future.result()) "
                  "before the next save, not now.")
+    compare("the checkpoint's files written in a background thread, after the call returned", [True] * n,
+            [g["background"] for g in got],
+            hint="a save made inside async_checkpoint writes every file before it returns, however its "
+                 "result is wrapped: let dcp.async_save write in its own thread.")
     compare("a checkpoint in path once the future is done", [True] * n,
             [isinstance(g["keys"], list) for g in got],
             hint="dcp.async_save(state, checkpoint_id=path) on every rank.")

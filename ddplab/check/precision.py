@@ -191,10 +191,14 @@ def _hook_answers(student: Callable, register: bool) -> dict:
 
     rank = dist.get_rank()
     x, y = digits_batch(16, start=16 * rank, dtype=torch.float32)
+    from ddplab.check._forbid import refusing_library
+
     ddp = DDP(mlp(seed=2))
     if register:
         ddp.register_comm_hook(None, student)
-    F.cross_entropy(ddp(x), y).backward()
+    # torch's own hooks, under any name, are what the exercise asks to write
+    with refusing_library(("torch's compression hooks",), "bf16_hook", builds="a bfloat16 compression hook"):
+        F.cross_entropy(ddp(x), y).backward()
     grads = torch.cat([p.grad.flatten() for p in ddp.parameters()])
     nbytes = sum(p.grad.nbytes for p in ddp.parameters())
     return {"grads": grads, "nbytes": nbytes}
@@ -277,6 +281,10 @@ def _all_reduces(trace: Any, rank: int) -> int:
     return sum(1 for e in trace.events if e.rank == rank and e.op == "all_reduce")
 
 
+def _backwards(trace: Any, rank: int) -> int:
+    return sum(1 for e in trace.compute if e.rank == rank and e.op == "backward")
+
+
 def accumulate(lab: Any = None) -> None:
     """Check ``accumulate(ddp, optimizer, batches)``: no_sync for all but the last micro-batch."""
     __tracebackhide__ = True
@@ -298,6 +306,12 @@ def accumulate(lab: Any = None) -> None:
         hint = "all but the last backward inside `with ddp.no_sync():`, the last one outside it."
     compare(f"gradient all_reduces in one accumulate(...) step over {MICRO} micro-batches",
             per_backward, counted, hint=hint)
+    # One backward over the concatenated micro-batches gives the same weights and one
+    # all_reduce, but it is one larger batch: the memory accumulation exists to save.
+    compare(f"backward passes in one accumulate(...) step over {MICRO} micro-batches", [MICRO] * n,
+            [_backwards(trace, rank) - 1 for rank in range(n)],    # less the reference's one
+            hint="a forward and a backward per micro-batch: one backward over all of them at once is "
+                 "one larger batch, and needs the activation memory that accumulation exists to save.")
     gaps = [g["gap"] for g in got]
     scaled = " (a gradient " + f"{MICRO} times too large? divide each micro-batch's loss by len(batches))"
     compare("the weights after the step equal one step on the whole batch (to 1e-12)", [True] * n,

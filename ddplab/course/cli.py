@@ -147,6 +147,9 @@ def grade(args) -> int:
         inputs = [*args.submissions, args.reference]
         targets = [writable(option, path, inputs)
                    for option, path in (("--csv", args.csv), ("--junit", args.junit)) if path]
+        if len(targets) == 2 and targets[0].resolve() == targets[1].resolve():
+            raise GradeError(f"ddplab grade: --csv and --junit both name {args.csv}: the JUnit XML "
+                             f"would replace the CSV. Name two files, e.g. grades.csv and grades.xml.")
         journal = journal_for(targets, resume=args.resume)
     except (GradeError, FileNotFoundError) as e:   # ordinary mistakes: one line, exit 2
         print(e, file=sys.stderr)

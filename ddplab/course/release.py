@@ -74,9 +74,16 @@ def release_notebook(nb, name: str = "notebook"):
     """The student version of notebook ``nb`` (a new object; ``nb`` is not changed)."""
     student = nbformat.from_dict(nb)   # a deep copy
     for index, cell in enumerate(student.cells):
-        if cell.cell_type != "code":
-            continue
         where = f"{name}, cell {cell.get('id', index)}"
+        if cell.cell_type != "code":
+            if any(line.strip() in (BEGIN, END) for line in cell.source.splitlines()):
+                # Only code cells are stubbed: the text between the markers would reach
+                # every student as it is.
+                raise ReleaseError(f"ddplab release: {where} is a {cell.cell_type} cell with a "
+                                   f"solution marker; only code cells are stubbed, so students would "
+                                   f"get its text. Move the solution into a code cell, or write the "
+                                   f"markers differently (e.g. in backquotes) if the text is about them.")
+            continue
         if has_solution(cell):
             cell.source = strip_solutions(cell.source, where)
             cell.outputs, cell.execution_count = [], None
@@ -135,6 +142,9 @@ def release(paths: list[str | Path], out_dir: str | Path) -> list[Path]:
     never leaves a half-released course.
     """
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ReleaseError(f"ddplab release: -o {out_dir} is a file; -o names the folder the "
+                           f"student versions go to. Name a folder (it is made if it does not exist).")
     sources = notebooks_in(paths)
     if not sources:
         raise FileNotFoundError(f"ddplab release: no notebooks in {', '.join(map(str, paths))}.")
@@ -145,7 +155,11 @@ def release(paths: list[str | Path], out_dir: str | Path) -> list[Path]:
                            f"notebooks share one folder, so give them different names.")
     _refuse_overwriting_sources(sources, out_dir)
     students = [release_notebook(read_notebook(p, ReleaseError), p.name) for p in sources]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReleaseError(f"ddplab release: -o {out_dir} cannot be made ({e.strerror}). Name a "
+                           f"folder you can write to.") from e
     written = []
     for path, nb in zip(sources, students):
         target = out_dir / path.name

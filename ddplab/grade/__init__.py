@@ -3,6 +3,9 @@
 The steps, in the order they run, as nbgrader's ``converters/autograde.py``
 lists its preprocessors:
 
+0. ``handin``: what was handed in, read as untrusted input: a link is never
+   followed, a FIFO or device never opened, one submission per notebook per
+   student; a refused entry is still a row, with its reason.
 1. ``plan``: find the reference's exercises and check cells, match the
    submission's cells to them by id, and list the ``Step``s to run (the
    reference's copy in place of each check cell, a deleted one put back).

@@ -53,7 +53,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -64,6 +63,7 @@ from pathlib import Path
 from .. import limits, procs
 from . import sandbox, witness
 from .compare import Mark, sanitize_patterns, score
+from .handin import handed_in, read_text
 from .journal import Journal, key, write_atomically
 from .plan import GradeError, Step, check_reference, load_submission, notebooks_in, plan
 from .run import execute
@@ -85,13 +85,6 @@ class Grade:
     @property
     def score(self) -> int:
         return sum(mark.passed for mark in self.marks)
-
-
-def student_name(path: Path, reference_names: set[str]) -> str:
-    """``alice`` for ``submitted/alice/01_x.ipynb`` (the course's file name) or ``alice.ipynb``."""
-    if path.name in reference_names and path.parent.name not in ("", "."):
-        return path.parent.name
-    return path.stem
 
 
 def _reference_for(path: Path, reference: Path) -> Path:
@@ -141,34 +134,38 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
     if not reference.exists():
         raise GradeError(f"ddplab grade: the reference {reference} does not exist. Pass the "
                          f"course's notebooks folder (or one notebook) with --reference.")
-    paths = notebooks_in([Path(s) for s in submissions]) if submissions else []
-    if not paths:
-        raise GradeError("ddplab grade: no submitted notebooks found. Name .ipynb files or folders.")
     names = {p.name for p in notebooks_in([reference])}
+    found = handed_in(submissions, names) if submissions else []
+    if not found:
+        raise GradeError("ddplab grade: no submitted notebooks found. Name .ipynb files or folders.")
     work, checked = [], set()
-    for path in paths:
+    for handin in found:
+        if handin.refused:
+            work.append((handin, None, f"not graded: {handin.path.name} {handin.refused}"))
+            continue
         try:
-            ref = _reference_for(path, reference)
+            ref = _reference_for(handin.path, reference)
         except FileNotFoundError as e:
-            work.append((path, None, str(e)))
+            work.append((handin, None, str(e)))
             continue
         if ref not in checked:
             checked.add(ref)
             _say_unwitnessed(ref)          # an unusable reference stops everything, now
-        work.append((path, ref, ""))
+        work.append((handin, ref, ""))
     jobs = max(1, min(jobs or default_jobs(), len(work)))
     finished = journal.done() if journal is not None else {}
 
     def one(item, env: dict) -> Grade:
-        path, ref, error = item
+        handin, ref, error = item
+        path = handin.path
         entry = key(path, ref or path) if journal is not None else ""
         if entry in finished:
             data = dict(finished[entry], marks=[Mark(**m) for m in finished[entry]["marks"]])
             result = Grade(**data)
         else:
-            result = (Grade(student_name(path, names), path.stem, str(path), error=error)
+            result = (Grade(handin.student, path.stem, str(path), error=error)
                       if ref is None else
-                      _in_worker(path, ref, student_name(path, names), cell_timeout, env))
+                      _in_worker(path, ref, handin.student, cell_timeout, env))
             if journal is not None:
                 journal.record(entry, result)
         if progress:
@@ -240,7 +237,8 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
     begin = time.monotonic()
     reference, found = check_reference(ref)
     try:
-        submission = load_submission(path)
+        text = read_text(path)         # once, unfollowed: what is planned is what runs
+        submission = load_submission(text)
     except ValueError as e:
         return Grade(student, ref.stem, str(path), error=f"not graded: {e}",
                      marks=[Mark(ex.name, False, "not graded") for ex in found])
@@ -255,7 +253,7 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
             # Its own copy of the notebook, in the one folder it may write to.
             cwd = tmp / "work"
             cwd.mkdir()
-            shutil.copyfile(path, cwd / path.name)
+            (cwd / path.name).write_text(text, encoding="utf-8")
         else:
             # The submission's own folder is the working directory, as in nbgrader:
             # files a notebook writes land beside it, never in the course's folder.

@@ -47,6 +47,9 @@ def writable(option: str, path: str, inputs: list[str]) -> Path:
         raise GradeError(f"ddplab grade: {option} {path} would overwrite a notebook or a "
                          f"folder being graded. Name a new file, e.g. grades.csv.")
     folder = target.parent
+    if folder.exists() and not folder.is_dir():
+        raise GradeError(f"ddplab grade: {option} {path}: {folder} is a file, not a folder. "
+                         f"Name a file in a folder.")
     if not folder.is_dir():
         raise GradeError(f"ddplab grade: {option} {path}: the folder {folder} does not exist. "
                          f"Create it first, or name a file in an existing folder.")

@@ -116,13 +116,11 @@ def notebooks_in(paths: list[str | Path]) -> list[Path]:
     return found
 
 
-def load_submission(path: Path):
-    """The submission as a notebook; ValueError with a one-line reason if it is not one."""
+def load_submission(text: str):
+    """The submission's text (``handin.read_text``) as a notebook; ValueError with a one-line reason if
+    it is not one."""
     try:
-        text = path.read_text(encoding="utf-8")
         json.loads(text)
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read the file ({e})") from e
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
                          f"the file is damaged, ask for it again") from e

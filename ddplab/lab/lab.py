@@ -263,7 +263,19 @@ class Lab:
         chosen = self.check_ranks(ranks)
         timeout = self._timeout(timeout)
         self.ensure_usable()
-        tasks = self._calls.submit(chosen, engine.call, fn, args, kwargs)
+        if any(isinstance(a, Lab) for a in (*args, *kwargs.values())):
+            raise ConfigError("ddplab: lab.run was given the lab itself as an argument; the lab lives "
+                              "in the notebook and cannot travel to the ranks. On a rank, use "
+                              "torch.distributed (dist.get_rank(), dist.get_world_size()) instead.")
+        try:
+            tasks = self._calls.submit(chosen, engine.call, fn, args, kwargs)
+        except Exception as e:        # pickle's errors are TypeError, AttributeError, PicklingError...
+            if "pickle" not in str(e).lower():
+                raise
+            raise ConfigError(f"ddplab: lab.run could not send {getattr(fn, '__name__', 'fn')} and its "
+                              f"arguments to the ranks ({e}). Pass plain data (numbers, strings, lists, "
+                              f"dicts, tensors), not objects that hold open files, sockets, locks or "
+                              f"threads; make those on the rank, inside the function.") from e
         self._calls.finish(tasks, timeout, grace=None)
         values = {task.rank: task.outcome["value"] for task in tasks}
         return [values[r] for r in self.ranks] if ranks is None else values
@@ -292,6 +304,8 @@ class Lab:
         ``rank`` picks another rank that failed. ``%ddplab_debug`` calls this.
         """
         from . import debugger
+        if rank is not None:
+            self.check_ranks(rank, f"lab.debug(rank={rank!r})")
         debugger.post_mortem(self._calls, rank, self._timeout(timeout))
 
     def trace(self, ranks: Iterable[int] | None = None, align: str = "auto") -> Any:

@@ -106,7 +106,7 @@ class LocalRanks:
                  "ranks": list(range(self.world_size))}]
 
     def describe(self) -> str:
-        ready = f"{self.world_size} ranks ready, backend {self.backend_reason}."
+        ready = f"{self.world_size} {plural(self.world_size, 'rank')} ready, backend {self.backend_reason}."
         if not self.network_shared_because:
             return ready
         # The one line a student on a shared machine needs to see (issue: labs no

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from ..env import worker_env
 from ..errors import ConfigError, DdplabError
-from ..rank import engine, owngroup
+from ..rank import engine, owngroup, script
 from .calls import Calls
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def run_script(calls: Calls, path: str | os.PathLike, argv: tuple, timeout: floa
     host, port = _open_store(calls, timeout)
     envs = torchrun_env(calls.engines.hosts, calls.engines.world_size, host, port)
     try:
-        tasks = [calls.call(rank, engine.call, owngroup.run_script, (path, args, envs[rank]), {})
+        tasks = [calls.call(rank, engine.call, script.run_script, (path, args, envs[rank]), {})
                  for rank in range(calls.engines.world_size)]
         calls.finish(tasks, timeout, grace=None)
     finally:

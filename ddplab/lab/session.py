@@ -103,6 +103,13 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
 
     Use it as ``with ddplab.start(...) as lab:`` to stop the lab at the end.
     """
+    from ..rank.engine import in_lab
+    if in_lab():
+        # A lab inside a rank is owned by no notebook: its engines and its private folder
+        # (the store, the keys) would outlive the lab that ran the cell.
+        raise ConfigError("ddplab.start() ran on a rank (in a %%ranks/%%rank cell or lab.run): a "
+                          "lab is started from the notebook's own cells, not from its ranks. Run "
+                          "ddplab.start() in a plain cell; the ranks already are a lab.")
     if hosts is not None or engines is not None or host_options:
         if init_method != "store":
             raise ConfigError(

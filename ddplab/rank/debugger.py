@@ -52,6 +52,7 @@ import traceback
 from types import FrameType
 from typing import Any, Callable
 
+from ..errors import ConfigError
 from . import live, where
 
 #: The key of a debugger request (or its end) in the rank's published data.
@@ -219,6 +220,13 @@ def breakpoint(rank: int | None = None,   # ddplab.breakpoint: named as the buil
         raise TypeError(f"ddplab.breakpoint: commands must be a list of pdb command lines, "
                         f"like ['p x', 'n', 'c'], but got {commands!r}. Put a single command "
                         f"in a list: commands=[{commands!r}].")
+    world = _world_size()
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)
+                             or (world is not None and not 0 <= rank < world)):
+        # Silently skipped, a typo would stop no rank at all and look like a bug in pdb.
+        ranks = f"one of 0..{world - 1}" if world else "a rank number (an int)"
+        raise ConfigError(f"ddplab.breakpoint(rank={rank!r}): no rank has that number here. Name "
+                          f"{ranks}, or leave rank out to stop every rank.")
     if rank is not None and rank != _my_rank():
         return
     frame = sys._getframe(1)
@@ -229,6 +237,15 @@ def breakpoint(rank: int | None = None,   # ddplab.breakpoint: named as the buil
         terminal.set_trace(frame)
         return
     debugger.set_trace(frame)
+
+
+def _world_size() -> int | None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    size = os.environ.get("WORLD_SIZE", "")
+    return int(size) if size.isdigit() else None
 
 
 def _my_rank() -> int | None:

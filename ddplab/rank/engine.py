@@ -19,7 +19,6 @@ import datetime
 import faulthandler
 import linecache
 import os
-import re
 import signal
 import sys
 import traceback
@@ -29,7 +28,6 @@ from ..env import TORCHRUN_VARIABLES
 from . import debugger, flight, output
 from .where import CELL_FILENAME  # "<rank cell 3>": ``where`` owns the spelling
 
-_SITE_PACKAGES = re.compile(r'[^"\s]*?site-packages/')
 _state: dict[str, Any] = {"cells": 0, "store": None, "stack_file": None}
 
 
@@ -193,7 +191,16 @@ def _format_error(exc: BaseException, keep: Callable[[str], bool]) -> str:
         tb, frames = tb.tb_next, frames[1:]
     from .owngroup import explain  # why there is no default group, if the lab's was destroyed
     return relative_to_site_packages("".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
-                                     + explain(exc))
+                                     + explain(exc) + _self_pair_hint(exc))
+
+
+def _self_pair_hint(exc: BaseException) -> str:
+    """gloo's words when a rank sends to or receives from itself (torch checks only blocking send)."""
+    if "Pair is not connected" not in str(exc) or "<--> [none]" not in str(exc):
+        return ""
+    return ("\nddplab: this rank sent to or received from itself (a src or dst equal to its own rank): "
+            "gloo keeps no connection from a rank to itself. Its own data is already here; name "
+            "another rank, e.g. (rank + 1) % world_size.")
 
 
 def relative_to_site_packages(text: str) -> str:
@@ -202,7 +209,18 @@ def relative_to_site_packages(text: str) -> str:
     Library paths differ per machine; relative to site-packages they do not,
     so a stored traceback or stack compares equal everywhere.
     """
-    return _SITE_PACKAGES.sub("", text)
+    # One pass, no regex: a pattern like ``[^"\s]*?site-packages/`` retries from every
+    # start position, so a 100k-character word (an exception message of one long token)
+    # took a minute and 10 MB never ended, with the rank stuck in the formatter.
+    marker, kept, start = "site-packages/", [], 0
+    while (found := text.find(marker, start)) >= 0:
+        cut = found                      # back to the path's start: after a space or a quote
+        while cut > start and not text[cut - 1].isspace() and text[cut - 1] != '"':
+            cut -= 1
+        kept.append(text[start:cut])
+        start = found + len(marker)
+    kept.append(text[start:])
+    return "".join(kept)
 
 
 def _is_user_file(filename: str) -> bool:

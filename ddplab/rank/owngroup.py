@@ -15,7 +15,7 @@ This module lets such code run unchanged, and explains what happens otherwise:
   inside calls ``init_process_group`` and ``destroy_process_group`` as in a
   process of its own. On the way out, whatever group the code left behind is
   destroyed and the lab's groups are the default again. ``run_spawned`` (for
-  ``lab.spawn``) and ``run_script`` (for ``lab.run_script``) run user code in it.
+  ``lab.spawn``) and ``rank.script.run_script`` (for ``lab.run_script``) run user code in it.
 - ``guard()``: once the lab's group exists, an ``init_process_group`` outside
   ``set_aside`` fails at once with a message naming the two ways to run such
   code, and after a ``destroy_process_group()`` of the lab's group, the error
@@ -40,7 +40,6 @@ import os
 import socket
 import sys
 import time
-import types
 from typing import Any, Callable, Iterator
 
 from ..errors import DdplabError
@@ -319,66 +318,11 @@ def run_spawned(fn: Callable, rank: int, args: tuple, env: dict[str, str], run_i
         return fn(rank, *args)
 
 
-def run_script(path: str, argv: list[str], env: dict[str, str]) -> None:
-    """Run the file at ``path`` as ``__main__`` with the lab's group set aside: one rank of
-    ``lab.run_script``.
-
-    Like ``python path *argv`` under torchrun: ``sys.argv``, ``sys.path[0]`` (the
-    script's folder) and ``sys.modules["__main__"]`` are the script's while it runs,
-    so classes it defines pickle (``torch.save``, DataLoader workers). Its globals
-    are then copied into the rank's namespace, as IPython's ``%run`` does.
-    """
-    try:
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
-    except OSError as e:
-        raise FileNotFoundError(
-            f"ddplab: rank {env.get('RANK', '?')} cannot read the script {path!r} ({e.strerror}). "
-            f"Expected a file every rank can read at that path; on a lab across several hosts, "
-            f"copy it to the same path on each host.") from e
-    code = compile(source, path, "exec")
-    module = types.ModuleType("__main__")
-    module.__file__ = path
-    main, inits = sys.modules.get("__main__"), _state["inits"]
-    with set_aside(env, env["TORCHELASTIC_RUN_ID"]):
-        sys.argv[:] = [path, *argv]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-        sys.modules["__main__"] = module
-        try:
-            exec(code, module.__dict__)
-        except SystemExit as e:
-            if e.code not in (None, 0):
-                raise RuntimeError(f"the script exited with code {e.code!r} (sys.exit) on rank "
-                                   f"{env.get('RANK', '?')}") from e
-        finally:
-            sys.modules["__main__"] = main
-            _rank_namespace().update({k: v for k, v in module.__dict__.items()
-                                       if not (k.startswith("__") and k.endswith("__"))})
-    if _state["inits"] == inits:
-        print(f"ddplab: the script finished on rank {env.get('RANK', '?')} without forming a "
-              f"process group (it never called init_process_group): it ran as one process, "
-              f"not as part of {env.get('WORLD_SIZE', 'the')} ranks. A script that needs a GPU "
-              f"may have skipped its training here (torch.cuda.is_available() is "
-              f"{_cuda_available()}).", file=sys.stderr, flush=True)
+def inits() -> int:
+    """How many times this rank's code has called ``init_process_group`` (``rank.script`` asks)."""
+    return _state["inits"]
 
 
-def _rank_namespace() -> dict:
-    """What ``%%ranks`` cells see: the engine's IPython namespace (as ``engine.namespace()``,
-    which imports this module: asking IPython ourselves keeps the two free of a cycle)."""
-    from IPython import get_ipython
-    shell = get_ipython()
-    return shell.user_ns if shell is not None else {}
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
-
-
-# ------------------------------------------------------------------ a fresh rendezvous
 def open_agent_store(host: str, world_size: int, timeout_s: float) -> int:
     """On rank 0: start the TCPStore the ranks of one ``lab.spawn`` / ``run_script`` meet at; its port.
 

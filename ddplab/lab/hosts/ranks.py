@@ -59,6 +59,7 @@ from ... import hosts as placing
 from ...env import choose_host_backend
 from ...errors import ConfigError, DdplabError, EngineDiedError
 from ...rank import engine
+from ...text import plural
 from ..ranks import HEARTBEAT_LOSS_S, EngineSet, Joins, LabSpec, Loss
 from .launch import HostEngines
 
@@ -157,7 +158,8 @@ class HostRanks:
 
     def describe(self) -> str:
         names = ", ".join(f"{h['address']} ({len(h['ranks'])})" for h in self.hosts)
-        return (f"{self.world_size} ranks ready on {len(self.hosts)} hosts [{names}], "
+        return (f"{self.world_size} {plural(self.world_size, 'rank')} ready on {len(self.hosts)} "
+                f"{plural(len(self.hosts), 'host')} [{names}], "
                 f"backend {self.backend_reason}.")
 
     def _engine_ids(self) -> list[int]:

@@ -1,0 +1,163 @@
+"""What notebook 12's checks share: a tiny float64 model, its batches, and one process as the reference.
+
+Every build-it check trains ``model()`` for ``STEPS`` steps on the ranks with
+the student's code, each rank on its rows of the step's batch, and
+compares the weights with ``one_process``: the same model trained in this
+process on the whole batch, in float64, to ``TOLERANCE``. ``verdict`` turns a
+mismatch into the mistake that explains it (gradients averaged twice, never
+averaged). ``AllReduceLog`` records the student's ``dist.all_reduce`` calls
+(when, how big, waited for or not) so a check can read their order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: torch's own versions of what notebook 12 builds: a check refuses them (``refusing_library``).
+LIBRARY = ("DistributedDataParallel", "ZeroRedundancyOptimizer", "fully_shard",
+           "FullyShardedDataParallel")
+STEPS = 3
+TOLERANCE = 1e-12
+TIMEOUT = 60.0
+
+
+def model() -> Any:
+    """``sharding.tiny_mlp()``: Linear 6->10, tanh, 10->10, tanh, 10->3, float64, the same everywhere."""
+    from ..sharding import tiny_mlp
+
+    return tiny_mlp()
+
+
+def batch(step: int, world: int, rank: int | None = None) -> tuple[Any, Any]:
+    """``sharding.tiny_batch``: step ``step``'s whole batch, or rank ``rank``'s rows of it."""
+    from ..sharding import tiny_batch
+
+    return tiny_batch(step, world, rank)
+
+
+def loss(net: Any, x: Any, y: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.mse_loss(net(x), y)
+
+
+def flat(net: Any) -> Any:
+    import torch
+
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+
+
+def optimizer(kind: str, params: Any) -> Any:
+    import torch
+
+    return torch.optim.SGD(params, lr=0.1) if kind == "sgd" else torch.optim.Adam(params, lr=0.01)
+
+
+def one_process(kind: str, world: int, scale: float = 1.0, steps: int = STEPS) -> Any:
+    """The weights after ``steps`` steps of one process on the whole batch; gradients times ``scale``."""
+    net = model()
+    opt = optimizer(kind, net.parameters())
+    for step in range(steps):
+        opt.zero_grad()
+        loss(net, *batch(step, world)).backward()
+        for p in net.parameters():
+            p.grad *= scale
+        opt.step()
+    return flat(net)
+
+
+def verdict(exercise: str, kind: str, weights: list[Any], hint: str) -> None:
+    """Raise unless every rank's weights are one process's; name the mistake that explains them."""
+    import torch
+
+    world = len(weights)
+    expected = one_process(kind, world)
+    gaps = [float((w - expected).abs().max()) for w in weights]
+    if max(gaps) <= TOLERANCE:
+        return
+    head = (f"{exercise}: after {STEPS} steps the weights differ from one process training on the "
+            f"whole batch in float64: " + ", ".join(f"rank {r} by {g:.3g}" for r, g in enumerate(gaps))
+            + f" (tolerance {TOLERANCE:g}).")
+    mistakes = {1 / world: "the gradients were averaged twice (divided by world_size twice)",
+                world: "the gradients were summed but never divided by world_size (not averaged)"}
+    for scale, mistake in mistakes.items():
+        other = one_process(kind, world, scale)
+        if all(float((w - other).abs().max()) <= 1e-9 for w in weights):
+            raise AssertionError(f"{head}\nThey match {mistake}.\nHint: {hint}")
+    if any(not torch.equal(weights[0], w) for w in weights[1:]):
+        raise AssertionError(f"{head}\nThe ranks do not even agree with each other: some rank "
+                             f"stepped with gradients that were not (yet) everyone's.\nHint: {hint}")
+    raise AssertionError(f"{head}\nHint: {hint}")
+
+
+class AllReduceLog:
+    """On a rank: while active, every ``dist.all_reduce`` call is recorded in ``calls``.
+
+    Each call: ``step``, ``numel``, ``async_op``, ``in_backward`` (made while
+    ``backward()`` was running) and, for an async call, whether its handle's
+    ``wait()`` (or ``get_future()``) was called before ``steps_taken``. Handles
+    nobody waited for are waited for on exit, so the next check starts clean.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self.works: list[tuple[dict, Any]] = []
+        self.step = 0
+        self.in_backward = False
+
+    def __enter__(self) -> AllReduceLog:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        real = self.real = dist.all_reduce
+        log = self
+
+        class Handle:
+            def __init__(self, work: Any, call: dict) -> None:
+                self._work, self._call = work, call
+
+            def wait(self, *args: Any, **kwargs: Any) -> Any:
+                self._call["waited"] = True
+                return self._work.wait(*args, **kwargs)
+
+            def get_future(self) -> Any:
+                self._call["waited"] = True
+                return self._work.get_future()
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._work, name)
+
+        def all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            async_op = bool(kwargs.get("async_op", args[3] if len(args) > 3 else False))
+            call = {"step": log.step, "numel": tensor.numel(), "async_op": async_op,
+                    "in_backward": log.in_backward, "waited": not async_op}
+            log.calls.append(call)
+            work = real(tensor, *args, **kwargs)
+            if not async_op or work is None:
+                return work
+            log.works.append((call, work))
+            return Handle(work, call)
+
+        dist.all_reduce = c10d.all_reduce = all_reduce
+        return self
+
+    def unwaited(self, step: int) -> int:
+        """Async all_reduces of ``step`` whose handle was never waited for (so far)."""
+        return sum(1 for call in self.calls if call["step"] == step and not call["waited"])
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        dist.all_reduce = c10d.all_reduce = self.real
+        for _, work in self.works:
+            work.wait()
+
+
+
+def require_callables(call: str, **fns: Any) -> None:
+    """Raise naming the argument of ``call`` that is not a function (or class)."""
+    for name, fn in fns.items():
+        if not callable(fn):
+            raise AssertionError(f"{call} needs your {name}, but got {fn!r}. Run the exercise "
+                                 f"cell above without errors and pass what it defines.")
