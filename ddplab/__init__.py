@@ -24,9 +24,9 @@ See ``ddplab.lab`` for the lab's lifecycle and its failure modes.
 
 Teaching modules, the top-level modules notebooks may import (``from ddplab import train``),
 in the kernel or on the ranks: ``algorithms``, ``bench``, ``data``, ``env``, ``hints``
-(``ddplab.hint``, ``ddplab.solution``), ``hosts``, ``launch``, ``memory``, ``progress``,
+(``ddplab.hint``, ``ddplab.solution``), ``hosts``, ``launch``, ``memory``, ``pipeline``,
 ``plan`` (``ddplab.plan(...)``: memory and step time per strategy before the machines),
-``sharding``, ``show``, ``train``.
+``progress``, ``sharding``, ``show``, ``train``.
 
 The packages: ``lab`` (the kernel side: a lab, its ranks, its calls), ``rank`` (code that runs
 inside an engine), ``trace`` (the timeline), ``check`` (the notebooks' checkers), ``procs`` (the
