@@ -85,6 +85,18 @@ def test_every_notebook_is_linked(page):
     assert not missing, f"{page} does not link: {missing}"
 
 
+def test_notebook_00s_course_map_is_the_readmes():
+    """The map a student sees first, in notebook 00, is README's, row for row (links made relative)."""
+    import nbformat
+
+    rows = re.compile(r"^\| \[\d\d\w? · .*$", re.M)
+    readme = [row.replace("](notebooks/", "](") for row in rows.findall((ROOT / "README.md").read_text())]
+    setup = nbformat.read(ROOT / "notebooks" / "00_setup.ipynb", as_version=4)
+    course_map = next(c.source for c in setup.cells if c.source.startswith("## Where the course goes"))
+    assert rows.findall(course_map) == readme
+    assert len(readme) == len(list((ROOT / "notebooks").glob("*.ipynb")))
+
+
 GUIDE = re.compile(r'((?:docs/[\w-]+|benchmarks/README)\.md)(?:, \\?"([^"\\]+?)\\?")?')
 STALE = re.compile(r"""README['’]s [A-Z]|README, \\?"|README\.md \("""
                    r"|see the README|see README|the README (?:says|shows)")
