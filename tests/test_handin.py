@@ -90,3 +90,29 @@ def test_a_class_of_abuses_is_reported_row_by_row_and_nothing_opens_the_fifo(cla
     errors = {Path(row.path).parent.name: row.error for row in rows}
     assert "symbolic link" in errors["mallory"] and "FIFO" in errors["trudy"]
     assert "32 MB" in errors["walter"] and "second" in errors["zoe"]
+
+
+def _tiny_course(folder: Path, exercise_source: str) -> tuple[Path, Path]:
+    """A one-exercise reference (its check prints ok), and a submission with ``exercise_source``."""
+    def notebook(source: str):
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell(source, id="exercise-loud", metadata={"tags": ["exercise"]}),
+                    nbformat.v4.new_code_cell("print('ok')", id="check-loud", metadata={"tags": ["check"]},
+                                              outputs=[nbformat.v4.new_output("stream", name="stdout",
+                                                                              text="ok\n")])]
+        return nb
+    (folder / "ref").mkdir()
+    (folder / "sub" / "mallory").mkdir(parents=True)
+    nbformat.write(notebook("### BEGIN SOLUTION\nx = 1\n### END SOLUTION"), folder / "ref" / "loud.ipynb")
+    nbformat.write(notebook(exercise_source), folder / "sub" / "mallory" / "loud.ipynb")
+    return folder / "ref", folder / "sub"
+
+
+def test_a_cell_that_prints_megabytes_loses_its_exercise_with_the_reason(tmp_path):
+    from ddplab.grade.run import MAX_CELL_OUTPUT_BYTES
+
+    reference, submitted = _tiny_course(tmp_path, f"print('x' * {MAX_CELL_OUTPUT_BYTES + 1})")
+    [row] = class_run.grade([submitted], reference, jobs=1)
+    assert row.student == "mallory" and not row.error
+    [mark] = row.marks
+    assert not mark.passed and "over the 16 MB a graded cell may print" in mark.reason, mark

@@ -30,6 +30,7 @@ cannot finish, the remaining cells are marked not run.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import secrets
@@ -68,6 +69,11 @@ def reason(ename: str, evalue: str) -> str:
     return _short(f"{ename}: {lines[0]}" if lines else ename)
 
 
+#: The most one cell's outputs may weigh in a graded run (the course's largest, a timeline
+#: picture, is about 100 kB).
+MAX_CELL_OUTPUT_BYTES = 16 * 2**20
+
+
 def _short(text: str, limit: int = 160) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -100,6 +106,11 @@ class Kernel:
                     f"(an infinite loop, or a wait that never ends)")
         except DeadKernelError:
             return "died", cell.outputs, "the kernel died (a crash, or os._exit)"
+        size = len(json.dumps(cell.outputs))
+        if size > MAX_CELL_OUTPUT_BYTES:
+            # Kept, it would travel to the grader and into the journal; a lesson cell prints kB.
+            return ("error", [], f"its outputs were {size / 2**20:.0f} MB, over the "
+                    f"{MAX_CELL_OUTPUT_BYTES // 2**20} MB a graded cell may print")
         errors = [o for o in cell.outputs if o.output_type == "error"]
         if errors:
             return "error", cell.outputs, reason(errors[0].ename, errors[0].evalue)
