@@ -116,3 +116,23 @@ def test_a_cell_that_prints_megabytes_loses_its_exercise_with_the_reason(tmp_pat
     assert row.student == "mallory" and not row.error
     [mark] = row.marks
     assert not mark.passed and "over the 16 MB a graded cell may print" in mark.reason, mark
+
+
+def test_a_later_run_removes_the_work_folders_a_killed_grader_left(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    import psutil
+
+    monkeypatch.setattr(class_run.tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = psutil.Process(gone.pid).create_time()
+    gone.wait()
+    for name, owner in (("killed", f"{gone.pid} {started}"), ("running", class_run._me()),
+                        ("reused", f"{os.getpid()} 12345.0")):          # a pid now someone else's
+        (tmp_path / f"ddplab-grade-{name}").mkdir()
+        (tmp_path / f"ddplab-grade-{name}" / "grader").write_text(owner)
+    (tmp_path / "ddplab-grade-fresh").mkdir()                          # its grader file not written yet
+    removed = sorted(p.name for p in class_run.sweep_abandoned_work())
+    assert removed == ["ddplab-grade-killed", "ddplab-grade-reused"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ddplab-grade-fresh", "ddplab-grade-running"]

@@ -53,6 +53,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -131,6 +132,8 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
     submissions it already holds are not graded again (``--resume``).
     """
     reference = Path(reference)
+    for folder in sweep_abandoned_work():
+        log.info("ddplab grade: removed %s, left by a grader that was killed", folder)
     if not reference.exists():
         raise GradeError(f"ddplab grade: the reference {reference} does not exist. Pass the "
                          f"course's notebooks folder (or one notebook) with --reference.")
@@ -179,6 +182,36 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
     with shared as template_env, ThreadPoolExecutor(max_workers=jobs) as pool:
         env = dict(os.environ, **template_env)
         return list(pool.map(lambda item: one(item, env), work))
+
+
+#: A submission's work folder in the temporary folder, and the file in it naming its grader.
+WORK_PREFIX, OWNER = "ddplab-grade-", "grader"
+
+
+def _me() -> str:
+    import psutil
+    return f"{os.getpid()} {psutil.Process().create_time()}"
+
+
+def sweep_abandoned_work() -> list[Path]:
+    """Remove the work folders that a grader killed mid-run left (its ``grader`` file names a
+    process that is gone); those of a grader still running stay. The folders removed."""
+    import psutil
+
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(WORK_PREFIX + "*"):
+        try:
+            pid, started = (folder / OWNER).read_text().split()
+            owner = psutil.Process(int(pid))
+            if abs(owner.create_time() - float(started)) < 0.01:
+                continue                            # its grader still runs
+        except psutil.NoSuchProcess:
+            pass                                    # its grader is gone
+        except (OSError, ValueError):
+            continue                                # not ours, or being made right now
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
 
 
 def _say_unwitnessed(ref: Path) -> None:
@@ -245,8 +278,9 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
     steps, problems = plan(submission, found)
     deadline = 300 + 3 * len(reference.cells) * cell_timeout
     sandboxed = not sandbox.unavailable_reason()
-    with tempfile.TemporaryDirectory(prefix="ddplab-grade-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=WORK_PREFIX) as tmp:
         tmp = Path(tmp)
+        (tmp / OWNER).write_text(_me())             # whose it is, for a later run's sweep
         todo, out = tmp / "steps.json", tmp / "ran.json"
         todo.write_text(json.dumps([asdict(step) for step in steps]))
         if sandboxed:
