@@ -46,6 +46,15 @@ def test_a_rank_that_issued_fewer_collectives_is_named():
                          "(one skipped behind an `if rank == ...`, or fewer loop steps).")
 
 
+def test_a_rank_behind_that_is_busy_in_its_own_code_is_not_said_to_have_skipped():
+    lines = flight.report({0: [_record(2, "all_reduce", [[2]], True)],
+                           1: [_record(1, "all_reduce", [[2]], False)]}, busy=[1])
+    assert lines[-1].startswith("ddplab: rank 0 waits in collective #2 (all_reduce) on the default "
+                                "group, which rank 1 has not reached yet: it is still running its "
+                                "own code. A slow rank reaches it later")
+    assert "never reached" not in lines[-1]
+
+
 def test_other_groups_count_only_their_members():
     lines = flight.report({0: [_record(1, "all_reduce", [[2]], True, "group 1")],
                            1: [_record(1, "all_reduce", [[2]], True, "group 1")],
@@ -97,5 +106,19 @@ def test_a_real_hang_reports_the_recorders_verdict(fresh_lab):
         assert "  rank 1: finished" in message
         assert "rank 0 waits in collective #2 (all_reduce) on the default group, which rank 1 " \
                "never reached" in message, message
+        lab.restart()
+        with pytest.raises(ddplab.HangError) as info:       # a slow rank, not a skipped collective
+            lab.run_cell("import time\nimport torch\nif rank == 1:\n    time.sleep(60)\n"
+                         "dist.all_reduce(torch.ones(1))\n", timeout=3)
+        message = str(info.value)
+        assert message.startswith("ddplab: the cell did not finish within timeout=3 s; rank 0 waits "
+                                  "for rank 1, which is still running its own code"), message
+        assert "rank 1 has not reached yet: it is still running its own code" in message
+        assert "never reached" not in message and "deadlock" not in message
+        lab.restart()
+        with pytest.raises(ddplab.HangError) as info:       # nobody waits for anybody
+            lab.run_cell("while True:\n    pass\n", timeout=3)
+        assert "no rank is waiting for another: ranks 0, 1 are still running their own code" \
+            in str(info.value)
     finally:
         lab.restart()

@@ -315,15 +315,16 @@ class Calls:
         states = {t.rank: ("still running" if t.outcome is None else
                            "finished" if t.outcome["ok"] else "failed") for t in tasks}
         where, stacks = self._locate([t for t in tasks if t.outcome is None], 4)
+        busy = sorted(r for r in where if diagnose.busy_in_a_cell(where[r], stacks.get(r, "")))
         lines = [f"ddplab: the {what} did not finish within timeout={timeout:g} s; "
-                 f"ranks are probably waiting for each other (a deadlock)."]
+                 + diagnose.headline(busy, sorted(set(where) - set(busy)), timeout)]
         for rank, state in states.items():
             lines.append(f"  rank {rank}: " + (f"still {where[rank]}" if rank in where else state))
         if any(diagnose.waiting_to_join(w) for w in where.values()):
             lines.append(diagnose.join_hint(self.engines.world_size))
         collectives = self.engines.collectives(list(range(self.engines.world_size)),
                                                time.monotonic() + 2)
-        lines += flight.report(collectives)
+        lines += flight.report(collectives, busy)
         hint = diagnose.deadlock_hint(states, where, stacks)
         if hint:
             lines.append(hint)

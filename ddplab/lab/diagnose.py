@@ -205,6 +205,33 @@ def death(ended: dict, where_line: str = "") -> str:
     return f"was ended by {name}."
 
 
+def headline(busy: list[int], others: list[int], timeout: float) -> str:
+    """What a hang report says first: a deadlock only when no rank is busy in its own code."""
+    if not busy:
+        return "ranks are probably waiting for each other (a deadlock)."
+    them = f"{plural(len(busy), 'rank')} {', '.join(map(str, busy))}"
+    is_, its = ("is", "its") if len(busy) == 1 else ("are", "their")
+    if not others:
+        return (f"no rank is waiting for another: {them} {is_} still running {its} "
+                f"own code (an endless loop, or work longer than the timeout: pass a longer timeout=, "
+                f"more than {timeout:g} s, if it is just slow).")
+    return (f"{plural(len(others), 'rank')} {', '.join(map(str, others))} "
+            f"{'waits' if len(others) == 1 else 'wait'} for {them}, which {is_} still running "
+            f"{its} own code, not a torch.distributed call: a slow "
+            f"rank (pass a longer timeout=) or one that never reaches the call the others wait in.")
+
+
+def busy_in_a_cell(where_line: str, stack: str) -> bool:
+    """Whether a still-running rank runs its own cell code: no torch.distributed call on its stack,
+    and a cell's line is its innermost frame (sleeping, spinning, computing in plain Python).
+
+    A rank whose innermost frame is a library's (autograd's backward, where DDP's reducer may
+    wait for the others in C++) is not called busy: from its stack alone it could be waiting.
+    """
+    frames = [line.strip() for line in stack.splitlines() if line.strip().startswith('File "')]
+    return not _call(where_line) and bool(frames) and frames[-1].startswith('File "<rank cell')
+
+
 def _call(where_line: str) -> str:
     """The call a ``where`` line names: ``"recv"`` for ``"in recv (cell line 3)"``; "" if none."""
     call = where_line[3:].split(" (")[0] if where_line.startswith("in ") else ""

@@ -76,8 +76,12 @@ def _latest(records: list[dict]) -> dict[str, dict]:
     return out
 
 
-def report(answers: dict[int, list[dict]]) -> list[str]:
-    """Lines for ``HangError``: each rank's collectives, then the verdict (if there is one)."""
+def report(answers: dict[int, list[dict]], busy: list[int] = ()) -> list[str]:
+    """Lines for ``HangError``: each rank's collectives, then the verdict (if there is one).
+
+    ``busy``: ranks still running their own code (``diagnose.busy_in_a_cell``): one of them
+    behind the others has not reached the collective *yet*; it may be slow, not have skipped it.
+    """
     latest = {rank: _latest(records) for rank, records in sorted(answers.items())}
     groups = sorted({group for per_rank in latest.values() for group in per_rank})
     if not any(r["active"] for per_rank in latest.values() for r in per_rank.values()):
@@ -88,11 +92,11 @@ def report(answers: dict[int, list[dict]]) -> list[str]:
         parts = [("in " if r["active"] else "finished ") + _describe(r) + f" on {group}"
                  for group, r in sorted(per_group.items())]
         lines.append(f"  rank {rank}: " + ("; ".join(parts) or "no collective yet"))
-    verdicts = [v for group in groups if (v := _verdict(group, latest))]
+    verdicts = [v for group in groups if (v := _verdict(group, latest, set(busy)))]
     return lines + verdicts[:1]
 
 
-def _verdict(group: str, latest: dict[int, dict[str, dict]]) -> str:
+def _verdict(group: str, latest: dict[int, dict[str, dict]], busy: set[int]) -> str:
     on = {rank: per[group] for rank, per in latest.items() if group in per}
     if group == "the default group":     # every rank is in it: one with no record issued none
         on.update({rank: {"seq": 0, "active": False, "op": "", "sizes": []}
@@ -113,6 +117,15 @@ def _verdict(group: str, latest: dict[int, dict[str, dict]]) -> str:
     if behind:
         op = next(iter(at_seq.values()))["op"]
         ahead = sorted(waiting)
+        if set(behind) <= busy:
+            return (f"ddplab: {plural(len(ahead), 'rank')} {', '.join(map(str, ahead))} "
+                    f"{'waits' if len(ahead) == 1 else 'wait'} in collective #{seq} ({op}) on "
+                    f"{group}, which {plural(len(behind), 'rank')} {', '.join(map(str, behind))} "
+                    f"{'has' if len(behind) == 1 else 'have'} not reached yet: "
+                    f"{'it is' if len(behind) == 1 else 'they are'} still running "
+                    f"{'its' if len(behind) == 1 else 'their'} own code. A slow rank reaches it "
+                    f"later (pass a longer timeout=); one that skips it (behind an "
+                    f"`if rank == ...`, or in fewer loop steps) never does.")
         return (f"ddplab: {plural(len(ahead), 'rank')} {', '.join(map(str, ahead))} "
                 f"{'waits' if len(ahead) == 1 else 'wait'} in collective #{seq} ({op}) on "
                 f"{group}, which {plural(len(behind), 'rank')} {', '.join(map(str, behind))} "
