@@ -11,7 +11,10 @@ tests, and the ranks that import a test's module, must find this one.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import leakcheck
+import nbformat
 import psutil
 import pytest
 from browserkit import require_chromium
@@ -146,3 +149,20 @@ def fails(checker, *needles: str) -> str:
 def last_line(capsys) -> str:
     """The last line a checker printed (its one ``Correct: ...`` line)."""
     return capsys.readouterr().out.splitlines()[-1]
+
+
+def tiny_course(folder: Path, exercise_source: str) -> tuple[Path, Path]:
+    """A one-exercise reference (its check prints ok), and a submission with ``exercise_source``."""
+    def notebook(source: str):
+        nb = nbformat.v4.new_notebook()
+        ok = nbformat.v4.new_output("stream", name="stdout", text="ok\n")
+        nb.cells = [nbformat.v4.new_code_cell(source, id="exercise-loud",
+                                              metadata={"tags": ["exercise"]}),
+                    nbformat.v4.new_code_cell("print('ok')", id="check-loud",
+                                              metadata={"tags": ["check"]}, outputs=[ok])]
+        return nb
+    (folder / "ref").mkdir()
+    (folder / "sub" / "mallory").mkdir(parents=True)
+    nbformat.write(notebook("### BEGIN SOLUTION\nx = 1\n### END SOLUTION"), folder / "ref" / "loud.ipynb")
+    nbformat.write(notebook(exercise_source), folder / "sub" / "mallory" / "loud.ipynb")
+    return folder / "ref", folder / "sub"

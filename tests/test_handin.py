@@ -6,6 +6,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import tiny_course
 
 from ddplab.grade import class_run
 from ddplab.grade.handin import MAX_SUBMISSION_BYTES, handed_in, read_text
@@ -92,26 +93,10 @@ def test_a_class_of_abuses_is_reported_row_by_row_and_nothing_opens_the_fifo(cla
     assert "32 MB" in errors["walter"] and "second" in errors["zoe"]
 
 
-def _tiny_course(folder: Path, exercise_source: str) -> tuple[Path, Path]:
-    """A one-exercise reference (its check prints ok), and a submission with ``exercise_source``."""
-    def notebook(source: str):
-        nb = nbformat.v4.new_notebook()
-        nb.cells = [nbformat.v4.new_code_cell(source, id="exercise-loud", metadata={"tags": ["exercise"]}),
-                    nbformat.v4.new_code_cell("print('ok')", id="check-loud", metadata={"tags": ["check"]},
-                                              outputs=[nbformat.v4.new_output("stream", name="stdout",
-                                                                              text="ok\n")])]
-        return nb
-    (folder / "ref").mkdir()
-    (folder / "sub" / "mallory").mkdir(parents=True)
-    nbformat.write(notebook("### BEGIN SOLUTION\nx = 1\n### END SOLUTION"), folder / "ref" / "loud.ipynb")
-    nbformat.write(notebook(exercise_source), folder / "sub" / "mallory" / "loud.ipynb")
-    return folder / "ref", folder / "sub"
-
-
 def test_a_cell_that_prints_megabytes_loses_its_exercise_with_the_reason(tmp_path):
     from ddplab.grade.run import MAX_CELL_OUTPUT_BYTES
 
-    reference, submitted = _tiny_course(tmp_path, f"print('x' * {MAX_CELL_OUTPUT_BYTES + 1})")
+    reference, submitted = tiny_course(tmp_path, f"print('x' * {MAX_CELL_OUTPUT_BYTES + 1})")
     [row] = class_run.grade([submitted], reference, jobs=1)
     assert row.student == "mallory" and not row.error
     [mark] = row.marks

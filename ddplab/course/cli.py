@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
+from pathlib import Path
 
 from ..text import plural
 
@@ -74,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds a cell may run before it is stopped (default 120)")
     gr.add_argument("--csv", help="also write the grades as CSV to this file")
     gr.add_argument("--junit", help="also write JUnit XML (one test case per exercise) to this file")
+    gr.add_argument("--gradescope", help="also write Gradescope's results.json (one student's "
+                                         "submission; rewritten as each notebook finishes)")
+    gr.add_argument("--canvas", help="also write a gradebook CSV that Canvas imports (a column of "
+                                     "points per notebook)")
     gr.add_argument("--resume", action="store_true",
                     help="keep the results an interrupted run with the same --csv/--junit "
                          "journalled, and grade only the submissions it had not finished")
@@ -126,15 +132,36 @@ def release(args) -> int:
     return 0
 
 
+def _one_student(submissions: list[str], reference: str) -> None:
+    """Gradescope runs its autograder once per student: --gradescope grades one student's work."""
+    from ddplab.grade.class_run import GradeError
+    from ddplab.grade.handin import handed_in
+    from ddplab.grade.plan import notebooks_in
+
+    names = {p.name for p in notebooks_in([reference])} if Path(reference).exists() else set()
+    students = sorted({h.student for h in handed_in(submissions, names)})
+    if len(students) > 1:
+        raise GradeError(f"ddplab grade: --gradescope writes one student's results (Gradescope runs "
+                         f"the autograder once per submission), but these are the work of "
+                         f"{len(students)} students ({', '.join(students[:3])}...). Grade one "
+                         f"student's notebooks, or use --csv / --canvas for a class.")
+
+
 def grade(args) -> int:
     """Grade, print the table, write CSV/JUnit; exit 0 if every exercise passed, else 1."""
     from ddplab.grade import report
     from ddplab.grade.class_run import DEFAULT_CELL_TIMEOUT, GradeError, grade as run
     from ddplab.grade.journal import journal_for, positive, writable, write_atomically
 
+    finished, lock = [], threading.Lock()
+
     def progress(g) -> None:
         done = g.error or f"{g.score}/{len(g.marks)} in {g.seconds:.0f} s"
         print(f"graded {g.student} ({g.notebook}): {done}", file=sys.stderr, flush=True)
+        if args.gradescope:              # as grading goes: a run stopped by a time limit still says
+            with lock:
+                finished.append(g)
+                write_atomically(args.gradescope, report.to_gradescope(finished))
 
     if args.reference is None:
         from ddplab.course.notebooks import reference_dir
@@ -145,11 +172,18 @@ def grade(args) -> int:
                            f"the default, {DEFAULT_CELL_TIMEOUT:g} s")
         jobs = positive("--jobs", args.jobs, None, "four per core, as memory allows")
         inputs = [*args.submissions, args.reference]
-        targets = [writable(option, path, inputs)
-                   for option, path in (("--csv", args.csv), ("--junit", args.junit)) if path]
-        if len(targets) == 2 and targets[0].resolve() == targets[1].resolve():
-            raise GradeError(f"ddplab grade: --csv and --junit both name {args.csv}: the JUnit XML "
-                             f"would replace the CSV. Name two files, e.g. grades.csv and grades.xml.")
+        outputs = [(option, path) for option, path in
+                   (("--csv", args.csv), ("--junit", args.junit), ("--gradescope", args.gradescope),
+                    ("--canvas", args.canvas)) if path]
+        targets = [writable(option, path, inputs) for option, path in outputs]
+        for (first, path), target in zip(outputs, targets):
+            same = [option for (option, _), other in zip(outputs, targets)
+                    if option != first and other.resolve() == target.resolve()]
+            if same:
+                raise GradeError(f"ddplab grade: {first} and {same[0]} both name {path}: one would "
+                                 f"replace the other. Name a file for each.")
+        if args.gradescope:
+            _one_student(args.submissions, args.reference)
         journal = journal_for(targets, resume=args.resume)
     except (GradeError, FileNotFoundError) as e:   # ordinary mistakes: one line, exit 2
         print(e, file=sys.stderr)
@@ -170,6 +204,10 @@ def grade(args) -> int:
     except (GradeError, FileNotFoundError) as e:
         print(e, file=sys.stderr)
         return 2
+    if args.gradescope:
+        write_atomically(args.gradescope, report.to_gradescope(grades))
+    if args.canvas:
+        write_atomically(args.canvas, report.to_canvas(grades))
     print(report.table(grades), end="")
     took = time.perf_counter() - begin
     print(f"\n{len(grades)} {plural(len(grades), 'submission')} graded in {took:.0f} s")

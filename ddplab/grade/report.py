@@ -1,6 +1,7 @@
-"""Grades as a table for people, CSV for a gradebook, and JUnit XML for CI systems.
+"""Grades as a table for people, CSV for a gradebook, JUnit XML for CI systems, Gradescope's
+``results.json`` and a gradebook CSV that Canvas imports.
 
-All three take the list of ``ddplab.grade.class_run.Grade`` that ``grade()`` returns.
+All take the list of ``ddplab.grade.class_run.Grade`` that ``grade()`` returns.
 The table shows one row per submission, ``pass``/``FAIL`` per exercise and
 the total, then one line per lost exercise saying why::
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from xml.etree import ElementTree as ET
 
 
@@ -96,3 +98,51 @@ def to_junit(grades) -> str:
         suite.set("errors", str(errors))
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def to_gradescope(grades) -> str:
+    """Gradescope's ``results.json`` for one student's submission: a test per exercise.
+
+    Gradescope runs its autograder once per student, so ``grades`` are one
+    student's notebooks. Each test's ``output`` is the reason a check gave (the
+    checks name the mistake and never print the answer), which the student sees.
+    """
+    tests = []
+    for g in grades:
+        if g.error:
+            tests.append({"name": f"{g.notebook}: not graded", "score": 0,
+                          "max_score": max(len(g.marks), 1), "output": g.error,
+                          "visibility": "visible"})
+            continue
+        tests += [{"name": f"{g.notebook}: {m.exercise}", "score": int(m.passed), "max_score": 1,
+                   "output": "" if m.passed else m.reason, "visibility": "visible"}
+                  for m in g.marks]
+    return json.dumps({"score": sum(t["score"] for t in tests), "tests": tests,
+                       "stdout_visibility": "hidden"}, indent=1) + "\n"
+
+
+#: The columns a Canvas gradebook import starts with (Canvas matches students by ID or SIS
+#: Login ID, and ignores the other identity columns when they are empty).
+CANVAS_IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+
+
+def to_canvas(grades) -> str:
+    """A gradebook CSV for Canvas's import: one row per student, one column of points per notebook.
+
+    The student is the hand-in folder's name, written as both ``Student`` and
+    ``SIS Login ID`` (name the folders by login). The second row is
+    ``Points Possible``, so Canvas creates each notebook's assignment with its
+    number of exercises. Moodle and Blackboard import the same shape: a name
+    column, a login column, then a points column per assignment.
+    """
+    notebooks = list(dict.fromkeys(g.notebook for g in grades))
+    possible = {nb: max((len(g.marks) for g in grades if g.notebook == nb), default=0)
+                for nb in notebooks}
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*CANVAS_IDENTITY, *notebooks])
+    writer.writerow(["Points Possible", "", "", "", "", *(possible[nb] for nb in notebooks)])
+    for student in dict.fromkeys(g.student for g in grades):
+        scores = {g.notebook: (0 if g.error else g.score) for g in grades if g.student == student}
+        writer.writerow([student, "", "", student, "", *(scores.get(nb, "") for nb in notebooks)])
+    return out.getvalue()
