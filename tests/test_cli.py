@@ -76,7 +76,7 @@ def test_grading_runs_twice_the_cores_at_once_as_far_as_memory_allows():
     (["--csv", "{tmp}/missing/grades.csv"], "does not exist"),
     (["--csv", "{tmp}"], "is a folder"),
     (["--csv", "{tmp}/00_setup.ipynb/grades.csv"], "is a file, not a folder"),
-    (["--csv", "{tmp}/grades.csv", "--junit", "{tmp}/grades.csv"], "would replace the CSV"),
+    (["--csv", "{tmp}/grades.csv", "--junit", "{tmp}/grades.csv"], "--csv and --junit both name"),
     (["--junit", "{tmp}/00_setup.ipynb"], "would overwrite a notebook"),
     (["--csv", "/proc/grades.csv"], "cannot be written"),
     (["--resume"], "--resume needs --csv or --junit"),
