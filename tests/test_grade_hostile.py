@@ -23,6 +23,7 @@ import pytest
 from conftest import my_process_tree
 from hostile import attacks, given_attacks
 
+from ddplab import procs
 from ddplab.grade import sandbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.course, pytest.mark.timeout(1500)]
@@ -70,9 +71,8 @@ def _run_noting_when_each_was_graded(args: list[str], timeout: float, env: dict 
     try:
         proc.wait(timeout)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        procs.end_tree(proc, grace=5)      # nothing, once the command has ended by itself
+        proc.wait()
         for reader in readers:
             reader.join()
     return subprocess.CompletedProcess(args, proc.returncode, "".join(out), "".join(err)), graded_at
