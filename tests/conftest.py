@@ -78,6 +78,32 @@ def fresh_lab(lab):
     return lab
 
 
+@pytest.fixture(scope="session")
+def lab_kernel():
+    """A Jupyter kernel started with jupyter_client, ``lab`` a running 2-rank gloo lab in it:
+    what tests/test_debugger.py and tests/test_live_output.py drive as a front end would (one
+    kernel and one lab for both; each module's fixture restarts the lab if it is broken).
+    ``client.interrupt`` is Kernel > Interrupt."""
+    import sys
+
+    from jupyter_client.manager import start_new_kernel
+
+    def ok(client, code: str) -> None:
+        reply = client.execute_interactive(code, timeout=180, output_hook=lambda msg: None)
+        assert reply["content"]["status"] == "ok", reply["content"]
+
+    manager, client = start_new_kernel(kernel_name="python3", startup_timeout=120)
+    try:
+        ok(client, f"import sys; assert sys.executable == {sys.executable!r}")
+        ok(client, "import ddplab\nlab = ddplab.start(world_size=2, backend='gloo', timeout=30)")
+        client.interrupt = manager.interrupt_kernel
+        yield client
+        ok(client, "lab.stop()")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
 def side_lab(world_size: int = 2, *, timeout: float = 60, grace: float = 2.0,
              pg_timeout: float = 1800, init_method: str | None = "store", start: bool = True):
     """A local CPU (gloo) lab beside the session's labs: ``ddplab.start`` would replace the

@@ -163,13 +163,16 @@ def test_column_parallel_rejects_the_local_part(fresh_lab):
     fails(lambda: sharding_model.column_parallel(fn), "is wrong on ranks 0, 1", "all_gather")
 
 
-def test_column_parallel_reports_a_deadlock(fresh_lab):
+def test_column_parallel_reports_a_deadlock(fresh_lab, monkeypatch):
+    # The checker's deadlock timeout (60 s) is what ends the hang; 10 s ends it the same way.
+    monkeypatch.setattr(sharding_model, "_TIMEOUT", 10.0)
     fn = _define(fresh_lab, "def column_parallel(x, w, b):\n"
                             "    if dist.get_rank() == 0:\n        dist.barrier()\n"
                             "    return x @ w.T + b\n", "column_parallel")
     with pytest.raises(AssertionError) as info:
         sharding_model.column_parallel(fn)
     assert "deadlock" in str(info.value) and "lab.restart()" in str(info.value)
+    assert "did not finish within 10 s" in str(info.value)
     fresh_lab.restart()
 
 

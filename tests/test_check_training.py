@@ -67,17 +67,18 @@ def test_wrap_model_needs_the_variable(fresh_lab):
     fails(training.wrap_model, "no variable `ddp_model` on ranks 0, 1")
 
 
-def test_wrap_model_on_rank_0_only_says_ddp_is_a_collective(fresh_lab):
+def test_wrap_model_on_rank_0_only_says_ddp_is_a_collective(fresh_lab, monkeypatch):
     import time
 
+    monkeypatch.setattr(training, "_WRAP_TIMEOUT", 5.0)     # 15 s ends the hang the same way
     fresh_lab.run_cell(MODEL + "ddp_model = None\ndel ddp_model\n")
     # %%rank 0: the cell returns after its grace, rank 0 stays inside DDP's constructor.
     fresh_lab.run_cell("ddp_model = DDP(model)\n", ranks=[0], grace=1)
     start = time.monotonic()
-    message = fails(training.wrap_model, "did not finish within 15 s",
+    message = fails(training.wrap_model, "did not finish within 5 s",
                     "Hint: a rank is still inside DDP(model). DDP(model) is itself a collective",
                     "broadcasts rank 0's weights", "a %%ranks cell, not %%rank 0", "lab.restart()")
-    assert time.monotonic() - start < 45                    # 15 s and the report, not the lab's 30 s+
+    assert time.monotonic() - start < 35                    # 5 s and the report, not the lab's 30 s+
     assert "rank 0: still in" in message, message
     fresh_lab.restart()
 
@@ -261,9 +262,12 @@ def test_train_uneven_rejects_a_different_step(fresh_lab):
     fails(training.train_uneven, "the weights after the loop is wrong", "zero_grad")
 
 
-def test_train_uneven_names_the_deadlock_without_join(fresh_lab):
+def test_train_uneven_names_the_deadlock_without_join(fresh_lab, monkeypatch):
+    # The checker allows 20 s (the right loop takes a few); the loop without Join hangs at
+    # once, at its first uneven step, and a shorter timeout ends it the same way.
+    monkeypatch.setattr(training, "_UNEVEN_TIMEOUT", 8.0)
     fresh_lab.run_cell(JOINED.replace("with Join([ddp_model]):", "if True:"))
-    message = fails(training.train_uneven, "did not finish within 20 s", "Join([ddp_model])",
+    message = fails(training.train_uneven, "did not finish within 8 s", "Join([ddp_model])",
                     "lab.restart()")
     assert "rank 1" in message, message
     assert not fresh_lab.healthy                         # the checker says so; the next test restarts

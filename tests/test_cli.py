@@ -68,7 +68,7 @@ def test_grading_runs_twice_the_cores_at_once_as_far_as_memory_allows():
     assert default_jobs(available=SUBMISSION_MEMORY_BYTES // 2, cores=8) == 1
 
 
-@pytest.mark.parametrize("options, words", [
+OPTION_CASES = [
     (["--cell-timeout", "-1"], "--cell-timeout -1.0 is not a positive number"),
     (["--cell-timeout", "0"], "--cell-timeout 0.0 is not a positive number"),
     (["--cell-timeout", "nan"], "--cell-timeout nan is not a positive number"),
@@ -81,13 +81,51 @@ def test_grading_runs_twice_the_cores_at_once_as_far_as_memory_allows():
     (["--csv", "/proc/grades.csv"], "cannot be written"),
     (["--resume"], "--resume needs --csv or --junit"),
     (["--resume", "--csv", "{tmp}/grades.csv"], "found no journal"),
-])
-def test_grade_checks_its_options_and_outputs_before_grading(tmp_path, options, words):
-    (tmp_path / "00_setup.ipynb").write_text("{}")
-    options = [o.format(tmp=tmp_path) for o in options]
-    result = _cli("grade", str(tmp_path / "00_setup.ipynb"), "--reference", str(tmp_path),
-                  *options)
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
+]
+
+# The command's main() on each case's argv, in one subprocess (an interpreter start and
+# ddplab's imports cost about two CPU seconds; ten of them were a tenth of `make test-fast`):
+# its exit code and what it printed to stderr, each case in a folder of its own.
+_EACH_ARGV = """
+import contextlib, io, json, sys
+from ddplab.course.cli import main
+found = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+    found.append([code, err.getvalue()])
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def option_runs(tmp_path_factory):
+    """Case index -> (its folder, exit code, stderr) of `ddplab grade` with that case's options."""
+    import json
+
+    folders, argvs = [], []
+    for options, _ in OPTION_CASES:
+        tmp = tmp_path_factory.mktemp("options")
+        (tmp / "00_setup.ipynb").write_text("{}")
+        folders.append(tmp)
+        argvs.append(["grade", str(tmp / "00_setup.ipynb"), "--reference", str(tmp),
+                      *[o.format(tmp=tmp) for o in options]])
+    result = subprocess.run([sys.executable, "-c", _EACH_ARGV, json.dumps(argvs)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [(folder, code, err) for folder, (code, err) in zip(folders, json.loads(result.stdout))]
+
+
+@pytest.mark.parametrize("case", range(len(OPTION_CASES)),
+                         ids=[" ".join(options) for options, _ in OPTION_CASES])
+def test_grade_checks_its_options_and_outputs_before_grading(option_runs, case):
+    tmp_path, returncode, stderr = option_runs[case]
+    words = OPTION_CASES[case][1]
+    assert returncode == 2, stderr
+    lines = stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], lines
     assert not list(tmp_path.glob("*.csv*"))          # nothing was graded, nothing written

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import queue
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 
 import pytest
-from jupyter_client.manager import start_new_kernel
 
 pytestmark = pytest.mark.slow       # a kernel and a lab of its own: seconds per test
 
@@ -104,25 +102,12 @@ def ok(client, code: str) -> str:
     return seen.stdout
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    manager, client = start_new_kernel(kernel_name="python3", startup_timeout=120)
-    try:
-        ok(client, f"import sys; assert sys.executable == {sys.executable!r}")
-        ok(client, "import ddplab\nlab = ddplab.start(world_size=2, backend='gloo', timeout=30)")
-        client.interrupt = manager.interrupt_kernel    # Kernel > Interrupt, for one test
-        yield client
-        run(client, "lab.stop()")
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
-
-
 @pytest.fixture
-def k(kernel):
-    """The kernel, its lab usable (an earlier test may have left it to restart)."""
-    ok(kernel, "if not lab.healthy: lab.restart()")
-    return kernel
+def k(lab_kernel):
+    """The session's kernel (tests/conftest.py), its lab usable (an earlier test may have left
+    it to restart)."""
+    ok(lab_kernel, "if not lab.healthy: lab.restart()")
+    return lab_kernel
 
 
 # Rank 1 stops before line 4; rank 0 goes on to the barrier (cell line 6) and waits there.

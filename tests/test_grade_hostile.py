@@ -23,6 +23,7 @@ import pytest
 from conftest import my_process_tree
 from hostile import attacks, given_attacks
 
+from ddplab import procs
 from ddplab.grade import sandbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.course, pytest.mark.timeout(1500)]
@@ -46,6 +47,35 @@ def test_the_sandbox_is_there():
     """make test installs bubblewrap (tools/ensure_sandbox.sh); without it the attacks below
     would run with the test's rights (and kill_ancestors would end pytest)."""
     assert sandbox.unavailable_reason() == "", sandbox.unavailable_reason()
+
+
+def _run_noting_when_each_was_graded(args: list[str], timeout: float, env: dict | None = None):
+    """``subprocess.run(args, capture_output=True, text=True, env=env)``, and student -> the moment
+    (``time.monotonic()``) the command printed its ``graded <student> (...)`` line."""
+    import re
+    import threading
+
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    out, err, graded_at = [], [], {}
+
+    def read_err():
+        for line in proc.stderr:
+            err.append(line)
+            found = re.match(r"graded (\S+) \(", line)
+            if found:
+                graded_at[found.group(1)] = time.monotonic()
+
+    readers = [threading.Thread(target=read_err), threading.Thread(target=lambda: out.extend(proc.stdout))]
+    for reader in readers:
+        reader.start()
+    try:
+        proc.wait(timeout)
+    finally:
+        procs.end_tree(proc, grace=5)      # nothing, once the command has ended by itself
+        proc.wait()
+        for reader in readers:
+            reader.join()
+    return subprocess.CompletedProcess(args, proc.returncode, "".join(out), "".join(err)), graded_at
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +102,15 @@ def graded(tmp_path_factory):
     untouched = {p: p.read_bytes() for p in [reference, other / "00_setup.ipynb"]}
     before = my_process_tree()
     begin = time.monotonic()
-    result = subprocess.run(
+    result, graded_at = _run_noting_when_each_was_graded(
         [sys.executable, "-m", "ddplab.course.cli", "grade", str(tmp / "submitted"),
          "--reference", str(tmp / "course"), "--csv", str(out), "--cell-timeout", str(CELL_TIMEOUT)],
-        capture_output=True, text=True, timeout=1500)
+        timeout=1500)
     took = time.monotonic() - begin
     right_after = _survivors(marker)
-    time.sleep(8)                # the daemon meant to write its grade 5 s in
+    # The daemon, had it survived, would write its grade 5 s after it started, which was
+    # before its submission's "graded" line: wait until then and 3 s more (often long past).
+    time.sleep(max(0.0, graded_at.get("setsid_daemon", time.monotonic()) + 8 - time.monotonic()))
     return {"result": result, "csv": out, "tmp": tmp, "took": took, "marker": marker,
             "right_after": right_after, "left": my_process_tree() - before,
             "untouched": untouched}
@@ -224,14 +256,15 @@ def test_without_a_sandbox_grading_says_so_and_still_ends_what_a_submission_left
     (tmp_path / "daemon" / "00_setup.ipynb").write_text(attacks.submission(
         "setsid_daemon", marker=marker, reference="/nowhere", other="/nowhere",
         csv=str(tmp_path / "grades.csv")))
-    result = subprocess.run(
+    result, graded_at = _run_noting_when_each_was_graded(
         [sys.executable, "-m", "ddplab.course.cli", "grade", str(tmp_path / "daemon"),
          "--reference", str(reference), "--csv", str(tmp_path / "grades.csv"),
          "--cell-timeout", str(CELL_TIMEOUT)],
-        capture_output=True, text=True, timeout=600, env=dict(os.environ, DDPLAB_SANDBOX="0"))
+        timeout=600, env=dict(os.environ, DDPLAB_SANDBOX="0"))
     assert result.returncode == 1, result.stdout + result.stderr
     warning = [line for line in result.stderr.splitlines() if "WITHOUT a sandbox" in line]
     assert len(warning) == 1 and "DDPLAB_SANDBOX=0" in warning[0], result.stderr
     assert _survivors(marker) == []
-    time.sleep(8)                # the daemon meant to write its grade 5 s in
+    # as in `graded` above: until 8 s after the daemon's submission was graded
+    time.sleep(max(0.0, graded_at.get("daemon", time.monotonic()) + 8 - time.monotonic()))
     assert "pwned" not in (tmp_path / "grades.csv").read_text()

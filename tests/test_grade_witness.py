@@ -195,6 +195,7 @@ def _plant_gadget():
     namespace()["mean_score"] = Forge()
 
 
+@pytest.mark.slow           # a kernel and a lab of its own, graded: seconds
 @pytest.mark.timeout(300)
 def test_a_check_it_runs_reads_the_ranks_whatever_the_kernel_patched(monkeypatch, tmp_path):
     import ipyparallel.serialize.serialize as serialize
@@ -254,6 +255,7 @@ def _spawned(rank, base):
     return (rank, t.item())
 
 
+@pytest.mark.slow           # a kernel and a lab of its own, graded: seconds
 @pytest.mark.timeout(300)
 def test_the_grader_drives_the_ranks_through_a_plain_lab_that_never_owns_them(capsys):
     """``attach``: a ``Lab`` over the live engines of a lab someone else started, numbered by
@@ -299,6 +301,7 @@ def test_attaching_where_there_is_no_lab_says_so(tmp_path):
         attached.attach(str(tmp_path), 10)
 
 
+@pytest.mark.slow           # a kernel and a lab of its own, graded: seconds
 @pytest.mark.timeout(300)
 def test_a_check_right_after_a_restart_reads_the_new_ranks(monkeypatch, tmp_path):
     """The hub lists the killed engines for a few heartbeats after ``lab.restart()``.
@@ -350,6 +353,7 @@ def _notebook(source: str, name: str):
     return namespace[name]
 
 
+@pytest.mark.slow           # a kernel and a lab of its own, graded: seconds
 @pytest.mark.timeout(300)
 def test_a_check_given_the_notebooks_function_runs_it_on_the_ranks_only(monkeypatch, tmp_path):
     """The function goes to the ranks sealed; the kernel's patched Lab is not asked; spawn and
@@ -383,6 +387,7 @@ def test_a_check_given_the_notebooks_function_runs_it_on_the_ranks_only(monkeypa
         lab.stop()
 
 
+@pytest.mark.slow           # a kernel and a lab of its own, graded: seconds
 @pytest.mark.timeout(300)
 def test_a_check_cell_it_cannot_run_itself_runs_in_the_kernel_and_the_grader_says_so(
         tmp_path, caplog):

@@ -15,6 +15,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from ddplab import procs
 
 TESTS = Path(__file__).resolve().parent
@@ -34,6 +36,7 @@ def test_tidy():
 '''
 
 
+@pytest.mark.slow       # an inner pytest run: seconds
 def test_the_check_fails_a_test_that_leaks_and_names_it(tmp_path):
     import nbformat
     notebook = nbformat.v4.new_notebook(cells=[
@@ -66,6 +69,7 @@ def test_the_check_fails_a_test_that_leaks_and_names_it(tmp_path):
     assert not [name for name in os.listdir(tempfile.gettempdir()) if name.startswith("ddplab-suite-")]
 
 
+@pytest.mark.slow       # an inner pytest run: seconds
 def test_a_run_of_the_tests_and_the_notebooks_imports_the_tests_conftest():
     """``make test`` collects tests/ and notebooks/ in one run: ``from conftest import ...`` in a
     test module must find tests/conftest.py, not a conftest.py beside the notebooks (nor one

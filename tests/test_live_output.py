@@ -1,14 +1,14 @@
 """Live output through a real Jupyter kernel: what reaches the front end, and when.
 
-A kernel is started with jupyter_client, a lab is started in it, and the
+A kernel started with jupyter_client, a lab in it (tests/conftest.py's lab_kernel), and the
 iopub messages a front end would get are read with their arrival times.
 """
 
-import sys
 import time
 
 import pytest
-from jupyter_client.manager import start_new_kernel
+
+pytestmark = pytest.mark.slow       # a kernel with a lab in it (the session's lab_kernel): seconds
 
 CELL = ("%%ranks\nimport time\nfor i in range(6):\n"
         "    print(f'rank {rank} line {i}', flush=True)\n    time.sleep(0.5)\n")
@@ -32,17 +32,12 @@ def execute(client, code, limit=120):
             return got
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    manager, client = start_new_kernel(kernel_name="python3", startup_timeout=120)
-    try:
-        execute(client, f"import sys; assert sys.executable == {sys.executable!r}")
-        execute(client, "import ddplab\nlab = ddplab.start(world_size=2, backend='gloo', timeout=60)")
-        yield client
-        execute(client, "lab.stop()")
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
+@pytest.fixture
+def kernel(lab_kernel):
+    """The session's kernel (tests/conftest.py), its lab usable (tests/test_debugger.py's tests
+    may have left it to restart)."""
+    execute(lab_kernel, "if not lab.healthy: lab.restart()")
+    return lab_kernel
 
 
 def stored(messages):

@@ -3,7 +3,8 @@
 One nbgrader course folder (in a temporary directory) holds every notebook in
 notebooks/ as one assignment. ``generate_assignment`` must accept them all;
 its student versions must show a student the same cells as ``ddplab
-release``'s. One ``autograde`` run then grades, in order:
+release``'s. ``autograde`` then grades (in two copies of that course folder at
+once, each with its own gradebook: nbgrader runs one notebook at a time):
 
 - "reference": the reference notebooks, each with a ``lab.restart()`` before
   every exercise section (tests/sections.py), which must get full marks and
@@ -13,7 +14,8 @@ release``'s. One ``autograde`` run then grades, in order:
   ``ddplab grade`` below: nbgrader's copies show the same cells);
 - three submissions of notebook 01 from tests/test_grade.py (all right, two
   exercises broken, all stubs), which ``ddplab grade`` grades too, at the same
-  time: both graders must pass and fail the same exercises.
+  time: both graders must pass and fail the same exercises (the stubs are
+  notebook 01's released copy, which ``ddplab grade`` grades once, below).
 
 Beside it, ``ddplab grade`` also makes the whole course's round trip through
 ddplab's own grader: every reference notebook must earn full marks and its
@@ -120,29 +122,45 @@ def _agreement_submissions() -> dict[str, nbformat.NotebookNode]:
     return {"agree-correct": correct, "agree-broken": broken, "agree-stubs": released}
 
 
+def _shards(course: Path, agreement) -> list[dict[str, dict]]:
+    """The submissions nbgrader grades, split over two course folders autograded at once:
+    student -> notebook name -> notebook (or the file to copy). nbgrader grades one notebook
+    at a time, and the reference with its restarts is most of the run; its notebooks
+    alternate between the two, the other students' go to the second."""
+    shards: list[dict] = [{"reference": {}}, {"reference": {}, "student": {}}]
+    for i, path in enumerate(NOTEBOOKS):
+        shards[i % 2]["reference"][path.name] = with_restarts(nbformat.read(path, as_version=4),
+                                                              path.name)
+    for name in STUDENT:          # nbgrader's own student versions, untouched
+        shards[1]["student"][name] = course / "release" / ASSIGNMENT / name
+    for student, nb in agreement.items():
+        shards[1][student] = {NAME01: nb}
+    return shards
+
+
 @pytest.fixture(scope="module")
 def autograded(course, tmp_path_factory):
-    """One nbgrader autograde over every submission, with ddplab grade running beside it."""
+    """nbgrader autograde over every submission (two course folders at once), with ddplab
+    grade running beside it."""
     from nbgrader.api import Gradebook
 
     course, _ = course
-    submitted = course / "submitted"
-    (submitted / "reference" / ASSIGNMENT).mkdir(parents=True)
-    for path in NOTEBOOKS:
-        nbformat.write(with_restarts(nbformat.read(path, as_version=4), path.name),
-                       submitted / "reference" / ASSIGNMENT / path.name)
-    (submitted / "student" / ASSIGNMENT).mkdir(parents=True)
-    for name in STUDENT:
-        shutil.copyfile(course / "release" / ASSIGNMENT / name, submitted / "student" / ASSIGNMENT / name)
     agreement = _agreement_submissions()
+    shards = _shards(course, agreement)
+    folders = []
+    for i, shard in enumerate(shards):
+        # A copy of the course after generate_assignment: its release, its gradebook.
+        folder = course.parent / f"{course.name}-autograde{i}"
+        shutil.copytree(course, folder)
+        for student, notebooks in shard.items():
+            (folder / "submitted" / student / ASSIGNMENT).mkdir(parents=True)
+            for name, nb in notebooks.items():
+                to = folder / "submitted" / student / ASSIGNMENT / name
+                shutil.copyfile(nb, to) if isinstance(nb, Path) else nbformat.write(nb, to)
+        folders.append(folder)
+
     ours_root = tmp_path_factory.mktemp("ddplab-grade")
     ddplab_paths = []
-    for student, nb in agreement.items():
-        (submitted / student / ASSIGNMENT).mkdir(parents=True)
-        nbformat.write(nb, submitted / student / ASSIGNMENT / NAME01)
-        (ours_root / student).mkdir()
-        nbformat.write(nb, ours_root / student / NAME01)
-        ddplab_paths.append(ours_root / student / NAME01)
     for student in ("course-reference", "course-released"):
         (ours_root / student).mkdir()
         ddplab_paths.append(ours_root / student)
@@ -150,39 +168,57 @@ def autograded(course, tmp_path_factory):
         reference = nbformat.read(path, as_version=4)
         nbformat.write(reference, ours_root / "course-reference" / path.name)
         nbformat.write(release_notebook(reference, path.name), ours_root / "course-released" / path.name)
+    # "agree-stubs" is notebook 01's released copy, byte for byte: ddplab grade grades it
+    # once, as course-released, and both graders' marks for it are compared below.
+    assert nbformat.writes(agreement["agree-stubs"]).strip() == \
+        (ours_root / "course-released" / NAME01).read_text().strip()
+    for student, nb in agreement.items():
+        if student != "agree-stubs":
+            (ours_root / student).mkdir()
+            nbformat.write(nb, ours_root / student / NAME01)
+            ddplab_paths.append(ours_root / student / NAME01)
 
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     begin = time.monotonic()
-    nbgrader = subprocess.Popen([sys.executable, "-m", "nbgrader", "autograde", ASSIGNMENT, "--force"],
-                                cwd=course, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+    # Logs to files: a pipe nobody reads while ddplab grades would stall nbgrader once full.
+    log_paths = [folder.parent / f"{folder.name}.log" for folder in folders]
+    runs = []
     try:
-        ours = {(g.student, g.notebook): g for g in grade(ddplab_paths, ROOT / "notebooks", jobs=1,
+        for folder, log_path in zip(folders, log_paths):
+            with open(log_path, "w") as log_file:
+                runs.append(subprocess.Popen([sys.executable, "-m", "nbgrader", "autograde",
+                                              ASSIGNMENT, "--force"], cwd=folder, env=env,
+                                             stdout=log_file, stderr=subprocess.STDOUT))
+        # Two at once: one run alone keeps about half a core busy (it waits on its ranks).
+        ours = {(g.student, g.notebook): g for g in grade(ddplab_paths, ROOT / "notebooks", jobs=2,
                                                           cell_timeout=300)}
         ddplab_seconds = time.monotonic() - begin
-        log, _ = nbgrader.communicate(timeout=3000)
+        for run in runs:
+            run.wait(timeout=3000)
     finally:
-        procs.end_tree(nbgrader, grace=5)
-        nbgrader.wait()
+        for run in runs:
+            procs.end_tree(run, grace=5)
+            run.wait()
     nbgrader_seconds = time.monotonic() - begin
-    assert nbgrader.returncode == 0, log[-8000:]
-    scores = {}
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        for student in ["reference", "student", *agreement]:
-            for path in NOTEBOOKS:
-                try:
-                    notebook = gradebook.find_submission_notebook(path.stem, ASSIGNMENT, student)
-                except Exception:           # MissingEntry: that student did not hand it in
-                    continue
-                scores[student, path.stem] = (notebook.score, notebook.max_score,
-                                              {g.name: g.score for g in notebook.grades})
-    ran = len(list((course / "autograded").glob(f"*/{ASSIGNMENT}/*.ipynb")))
+    logs = [log_path.read_text() for log_path in log_paths]
+    for run, log in zip(runs, logs):
+        assert run.returncode == 0, log[-8000:]
+    ours["agree-stubs", Path(NAME01).stem] = ours["course-released", Path(NAME01).stem]
+    scores, executed = {}, {}
+    for folder, shard in zip(folders, shards):
+        with Gradebook(f"sqlite:///{folder / 'gradebook.db'}") as gradebook:
+            for student, notebooks in shard.items():     # a notebook not handed in scores 0 there
+                for name in notebooks:
+                    notebook = gradebook.find_submission_notebook(Path(name).stem, ASSIGNMENT, student)
+                    scores[student, Path(name).stem] = (notebook.score, notebook.max_score,
+                                                        {g.name: g.score for g in notebook.grades})
+        for name in shard["reference"]:
+            executed[name] = nbformat.read(folder / "autograded" / "reference" / ASSIGNMENT / name,
+                                           as_version=4)
+    ran = sum(len(list((f / "autograded").glob(f"*/{ASSIGNMENT}/*.ipynb"))) for f in folders)
     print(f"nbgrader autograde: {ran} notebooks in {nbgrader_seconds:.0f} s; "
-          f"ddplab grade beside it: {len(ours)} in {ddplab_seconds:.0f} s")
-    executed = {path.name: nbformat.read(course / "autograded" / "reference" / ASSIGNMENT / path.name,
-                                         as_version=4) for path in NOTEBOOKS}
-    return scores, ours, nbgrader_seconds, log, executed
-
+          f"ddplab grade beside it: {len(ours) - 1} in {ddplab_seconds:.0f} s")
+    return scores, ours, nbgrader_seconds, "\n".join(logs), executed
 
 
 @pytest.mark.slow
