@@ -17,6 +17,7 @@ that are wrong, and the first wrong element indexes with expected and got.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 from ..text import plural
@@ -129,7 +130,7 @@ def _as_world(world: int | None, strays: list[str]):
 
 
 def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exercise: str,
-               world: int | None = None) -> list[dict]:
+               world: int | None = None, refuse_reference: bool = True) -> list[dict]:
     """On a rank: each case's verdict for this rank. Every rank runs every case, so none is left waiting.
 
     With ``world``, only ranks ``0..world-1`` run it, as a job of ``world`` ranks:
@@ -150,8 +151,8 @@ def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exerci
         got = data.clone()
         strays: list[str] = []
         try:
-            with forbidding(forbidden, exercise), refusing_reference(exercise), \
-                    _as_world(world, strays):
+            refusal = refusing_reference(exercise) if refuse_reference else contextlib.nullcontext()
+            with forbidding(forbidden, exercise), refusal, _as_world(world, strays):
                 returned = fn(got)
         except Exception as error:
             said = (f"{exercise} raised on the case shape={list(shape)}, dtype={dtype}, "
@@ -221,8 +222,12 @@ def _number(value: Any) -> str:
 
 def check_all_reduce(fn: Callable, exercise: str, forbidden: tuple[str, ...] = COLLECTIVES,
                      hint: str = "", lab: Any = None, case_list: list | None = None,
-                     quiet: bool = False) -> None:
-    """Run ``fn`` on every rank for every case; print one line, or raise naming what is wrong."""
+                     quiet: bool = False, refuse_reference: bool = True) -> None:
+    """Run ``fn`` on every rank for every case; print one line, or raise naming what is wrong.
+
+    ``refuse_reference=False`` is for testing ``ddplab.algorithms`` itself: an answer that
+    runs those (or a copy) is otherwise refused. A graded check cell never passes it.
+    """
     if not callable(fn):
         raise AssertionError(f"{exercise} needs your function, e.g. ddplab.check.{exercise}"
                              f"(my_{exercise}), but got {fn!r}.")
@@ -230,7 +235,8 @@ def check_all_reduce(fn: Callable, exercise: str, forbidden: tuple[str, ...] = C
     by_rank = [[] for _ in range(lab_or_current(lab).world_size)]
     for case in case_list:           # one call per case: a deadlock shows within DEADLOCK_TIMEOUT
         got = run_student_code(f"{exercise}(tensor) on shape={list(case[0])}, dtype={case[1]}",
-                               _run_cases, fn, [case], forbidden, exercise, lab=lab,
+                               _run_cases, fn, [case], forbidden, exercise, None, refuse_reference,
+                               lab=lab,
                                timeout=DEADLOCK_TIMEOUT, hint=DEADLOCK_HINT)
         for verdicts, more in zip(by_rank, got):
             verdicts.extend(more)
