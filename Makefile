@@ -43,7 +43,7 @@ test: install
 		--durations=30 --junitxml=build/test-results.xml
 	$(BIN)/python tools/test_times.py build/test-results.xml
 
-# The inner loop while changing code (under a minute on 2 cores: 47 s for 372 tests): every test but the slow, course, browser,
+# The inner loop while changing code (under a minute on 2 cores: 51 s for 431 tests): every test but the slow, course, browser,
 # netns, gpu, realhosts and hub tiers, and no notebooks. `make test` (what CI runs) still runs them all.
 test-fast: install
 	$(BIN)/python -m pytest tests -q -m "not slow and not course and not browser and not netns and not gpu and not realhosts and not hub"

@@ -77,6 +77,7 @@ def test_files_named_on_the_command_line_keep_their_names(tmp_path):
         handed_in([tmp_path / "nobody"], NAMES)
 
 
+@pytest.mark.slow               # it grades: a kernel per submission
 def test_a_class_of_abuses_is_reported_row_by_row_and_nothing_opens_the_fifo(class_folder):
     rows = class_run.grade([class_folder], ROOT / "notebooks", jobs=2)
     assert [(row.student, Path(row.path).relative_to(class_folder).parts[1:]) for row in rows] == [
@@ -93,6 +94,7 @@ def test_a_class_of_abuses_is_reported_row_by_row_and_nothing_opens_the_fifo(cla
     assert "32 MB" in errors["walter"] and "second" in errors["zoe"]
 
 
+@pytest.mark.slow               # it grades: a kernel per submission
 def test_a_cell_that_prints_megabytes_loses_its_exercise_with_the_reason(tmp_path):
     from ddplab.grade.run import MAX_CELL_OUTPUT_BYTES
 

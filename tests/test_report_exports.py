@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import tiny_course
 
 from ddplab.grade import report
@@ -41,6 +42,7 @@ def _grade(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow               # it grades: a kernel per submission
 def test_the_command_writes_gradescopes_results_and_canvas_csv(tmp_path):
     reference, submitted = tiny_course(tmp_path, "x = 2")
     result = _grade(str(submitted / "mallory"), "--reference", str(reference),
