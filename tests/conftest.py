@@ -78,12 +78,17 @@ def fresh_lab(lab):
     return lab
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lab_kernel():
     """A Jupyter kernel started with jupyter_client, ``lab`` a running 2-rank gloo lab in it:
     what tests/test_debugger.py and tests/test_live_output.py drive as a front end would (one
-    kernel and one lab for both; each module's fixture restarts the lab if it is broken).
-    ``client.interrupt`` is Kernel > Interrupt."""
+    definition for both; each module's fixture restarts the lab if it is broken).
+    ``client.interrupt`` is Kernel > Interrupt.
+
+    Per module, not per session: a kernel listens on 127.0.0.1 (Jupyter's ZMQ channels), and
+    tests/test_reliability.py asserts that nothing under the test run listens on this machine's
+    network while a lab runs; a session kernel would still be there.
+    """
     import sys
 
     from jupyter_client.manager import start_new_kernel
