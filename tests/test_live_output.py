@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.slow       # a kernel with a lab in it (conftest's lab_kernel, one per module): seconds
+pytestmark = pytest.mark.slow       # a kernel with a lab in it (conftest's lab_kernel, per module)
 
 CELL = ("%%ranks\nimport time\nfor i in range(6):\n"
         "    print(f'rank {rank} line {i}', flush=True)\n    time.sleep(0.5)\n")
