@@ -1,4 +1,4 @@
-"""``python -m ddplab`` is the ``ddplab`` command (doctor, release, grade)."""
+"""``python -m ddplab`` is the ``ddplab`` command (doctor, release, grade, notebooks, autograder)."""
 
 from ddplab.course.cli import main
 

@@ -4,6 +4,7 @@
     ddplab release notebooks/ -o release/          # student versions: solutions become stubs
     ddplab grade submitted/ --reference notebooks/ --csv grades.csv --junit grades.xml
     ddplab notebooks course/ [--reference]        # the shipped notebooks: student (or reference) versions
+    ddplab autograder notebooks/06_x.ipynb -o autograder.zip   # Gradescope's autograder for an assignment
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                                          "submission; rewritten as each notebook finishes)")
     gr.add_argument("--canvas", help="also write a gradebook CSV that Canvas imports (a column of "
                                      "points per notebook)")
+    gr.add_argument("--run-as", metavar="USER",
+                    help="where there is no sandbox (bubblewrap), run each submission as USER, a "
+                         "user without rights (the grader runs as root): Gradescope's container")
     gr.add_argument("--resume", action="store_true",
                     help="keep the results an interrupted run with the same --csv/--junit "
                          "journalled, and grade only the submissions it had not finished")
@@ -88,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     nbs.add_argument("dest", help="folder to copy them into")
     nbs.add_argument("--reference", action="store_true",
                      help="the reference versions, solutions in (default: the student versions)")
+    ag = sub.add_parser("autograder", help="build the zip Gradescope runs to grade an assignment "
+                                           "with ddplab grade")
+    ag.add_argument("notebooks", nargs="+", help="the assignment's reference notebooks")
+    ag.add_argument("-o", "--output", required=True, help="the zip to write (autograder.zip)")
+    ag.add_argument("--cell-timeout", type=float, default=None,
+                    help="seconds a cell may run before it is stopped (default 120)")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return doctor()
@@ -97,7 +107,28 @@ def main(argv: list[str] | None = None) -> int:
         return grade(args)
     if args.command == "notebooks":
         return notebooks(args)
+    if args.command == "autograder":
+        return autograder(args)
     return 2
+
+
+def autograder(args) -> int:
+    """Write Gradescope's autograder zip; exit 2 with the reason if a reference is unfit."""
+    from ddplab.course.autograder import build
+    from ddplab.errors import CourseError, GradeError
+    from ddplab.grade.class_run import DEFAULT_CELL_TIMEOUT
+    from ddplab.grade.journal import positive
+
+    try:
+        timeout = positive("--cell-timeout", args.cell_timeout, DEFAULT_CELL_TIMEOUT,
+                           f"the default, {DEFAULT_CELL_TIMEOUT:g} s")
+        path = build(args.notebooks, args.output, cell_timeout=timeout)
+    except (CourseError, GradeError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(f"wrote {path}: upload it as the assignment's autograder on Gradescope "
+          f"(Ubuntu 24.04 base image); students hand in {', '.join(Path(n).name for n in args.notebooks)}")
+    return 0
 
 
 def notebooks(args) -> int:
@@ -149,7 +180,7 @@ def _one_student(submissions: list[str], reference: str) -> None:
 
 def grade(args) -> int:
     """Grade, print the table, write CSV/JUnit; exit 0 if every exercise passed, else 1."""
-    from ddplab.grade import report
+    from ddplab.grade import report, unprivileged
     from ddplab.grade.class_run import DEFAULT_CELL_TIMEOUT, GradeError, grade as run
     from ddplab.grade.journal import journal_for, positive, writable, write_atomically
 
@@ -184,6 +215,7 @@ def grade(args) -> int:
                                  f"replace the other. Name a file for each.")
         if args.gradescope:
             _one_student(args.submissions, args.reference)
+        run_as = unprivileged.account(args.run_as) if args.run_as else None
         journal = journal_for(targets, resume=args.resume)
     except (GradeError, FileNotFoundError) as e:   # ordinary mistakes: one line, exit 2
         print(e, file=sys.stderr)
@@ -194,13 +226,17 @@ def grade(args) -> int:
     # init, and is ended before we exit.
     procs.become_subreaper()
     unsafe = sandbox.unavailable_reason()
-    if unsafe:
+    if unsafe and run_as:
+        print(f"ddplab grade: grading without a sandbox ({unsafe}): each submission runs as "
+              f"{run_as.name} (--run-as), and can read what every user of this machine can.",
+              file=sys.stderr, flush=True)
+    elif unsafe:
         print(f"ddplab grade: grading WITHOUT a sandbox ({unsafe}): submissions run with your "
               f"rights and can read your files and find this process.", file=sys.stderr, flush=True)
     begin = time.perf_counter()
     try:
         grades = run(args.submissions, args.reference, jobs=jobs, cell_timeout=timeout,
-                     progress=progress, journal=journal)
+                     progress=progress, journal=journal, run_as=run_as)
     except (GradeError, FileNotFoundError) as e:
         print(e, file=sys.stderr)
         return 2

@@ -40,7 +40,9 @@ A submission is written by someone who wants the points. Where the machine
 has bubblewrap, each worker runs in a sandbox (``ddplab.grade.sandbox``):
 its own pid, mount, network and user namespaces, so it sees no other
 process, no reference, no other submission and no output of the grader,
-and everything it starts dies with it. The worker is a child subreaper and
+and everything it starts dies with it. Where there is no sandbox (Gradescope's
+container), ``run_as`` runs each worker as a user without rights instead
+(``ddplab.grade.unprivileged``). The worker is a child subreaper and
 ends what it adopted; the grader plans and scores, the worker runs cells in
 the kernel and runs every check cell itself against the ranks
 (``ddplab.grade.witness``), where the submission's code never ran.
@@ -68,6 +70,7 @@ from .handin import handed_in, read_text
 from .journal import Journal, key, write_atomically
 from .plan import GradeError, Step, check_reference, load_submission, notebooks_in, plan
 from .run import execute
+from .unprivileged import Account, hand_over
 
 DEFAULT_CELL_TIMEOUT = 120.0
 log = logging.getLogger(__name__)
@@ -124,12 +127,14 @@ def default_jobs(available: int | None = None, cores: int | None = None) -> int:
 
 def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None = None,
           cell_timeout: float = DEFAULT_CELL_TIMEOUT, progress=None,
-          journal: Journal | None = None) -> list[Grade]:
+          journal: Journal | None = None, run_as: Account | None = None) -> list[Grade]:
     """Grade every submission (files, or folders of them) in parallel; one Grade each, in order.
 
     ``progress``, if given, is called with each Grade as it finishes.
     ``journal``, if given, records each one as it finishes, and the
     submissions it already holds are not graded again (``--resume``).
+    ``run_as``, if given (``unprivileged.account``), is the user each unsandboxed
+    submission runs as.
     """
     reference = Path(reference)
     for folder in sweep_abandoned_work():
@@ -168,7 +173,7 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
         else:
             result = (Grade(handin.student, path.stem, str(path), error=error)
                       if ref is None else
-                      _in_worker(path, ref, handin.student, cell_timeout, env))
+                      _in_worker(path, ref, handin.student, cell_timeout, env, run_as))
             if journal is not None:
                 journal.record(entry, result)
         if progress:
@@ -176,8 +181,9 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
         return result
 
     # Sandboxed, each submission's engines must be forked inside its sandbox:
-    # a class template outside it would run their code with the grader's view.
-    shared = (one_template_for_the_class() if sandbox.unavailable_reason()
+    # a class template outside it would run their code with the grader's view
+    # (and, run as another user, with the grader's rights).
+    shared = (one_template_for_the_class() if sandbox.unavailable_reason() and run_as is None
               else contextlib.nullcontext({}))
     with shared as template_env, ThreadPoolExecutor(max_workers=jobs) as pool:
         env = dict(os.environ, **template_env)
@@ -258,7 +264,7 @@ _WORKER = ("import sys; sys.modules['rfc3987_syntax'] = None; "
 
 
 def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
-               env: dict | None = None) -> Grade:
+               env: dict | None = None, run_as: Account | None = None) -> Grade:
     """Grade in a child process (sandboxed where the machine allows); a crash or overrun
     there costs only this submission.
 
@@ -278,12 +284,13 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
     steps, problems = plan(submission, found)
     deadline = 300 + 3 * len(reference.cells) * cell_timeout
     sandboxed = not sandbox.unavailable_reason()
+    run_as = None if sandboxed else run_as
     with tempfile.TemporaryDirectory(prefix=WORK_PREFIX) as tmp:
         tmp = Path(tmp)
         (tmp / OWNER).write_text(_me())             # whose it is, for a later run's sweep
         todo, out = tmp / "steps.json", tmp / "ran.json"
         todo.write_text(json.dumps([asdict(step) for step in steps]))
-        if sandboxed:
+        if sandboxed or run_as:
             # Its own copy of the notebook, in the one folder it may write to.
             cwd = tmp / "work"
             cwd.mkdir()
@@ -298,6 +305,14 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
             (tmp / "tmp").mkdir()
             env = dict(env or os.environ, TMPDIR=str(tmp / "tmp"))
         command = [sys.executable, "-c", _WORKER, str(todo), str(out), str(cwd), str(cell_timeout)]
+        if run_as:
+            # Its home in the work folder too (the user's own may not exist), and only
+            # the variables a sandboxed worker would get: the grader's are not its.
+            (tmp / "home").mkdir()
+            (tmp / "tmp").mkdir()
+            env = dict(sandbox.environment(env or os.environ), HOME=str(tmp / "home"),
+                       TMPDIR=str(tmp / "tmp"))
+            hand_over(tmp, run_as)
         if sandboxed:
             command, env = sandbox.wrap(command, scratch=tmp), sandbox.environment(env or os.environ)
         # In our session, not one of its own: a terminal's Ctrl-C reaches the
@@ -306,7 +321,9 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
         # last stderr line is the message. Not noting its descendants while it
         # runs keeps a long grading from reading the process table ten times a
         # second; at the end, those it still has are ended with it.
-        worker = procs.Group([command], env=env, output="stderr", session=False, note=False)
+        worker = procs.Group([command], env=env, output="stderr", session=False, note=False,
+                             user=(run_as.uid, run_as.gid) if run_as else None,
+                             cwd=str(tmp) if run_as else None)    # the grader's may be shut to it
         ran = worker.start().wait(timeout=deadline, grace=5)
         if ran.timed_out:
             return Grade(student, ref.stem, str(path),

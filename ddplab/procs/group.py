@@ -112,17 +112,22 @@ class Group:
     waiting, so that those which leave the tree (torchrun's workers, a daemon)
     are ended too; it reads the process table, so a long quiet wait (a grading
     worker) turns it off and is ended with the descendants it has at the end.
+    ``user``: ``(uid, gid)`` the commands run as (that group and no other), where
+    this process is root; ``ddplab grade --run-as`` runs a submission so.
     """
 
     def __init__(self, commands: list[list[str]], *, env: dict | None = None,
                  cwd: str | None = None, output: str = "all",
                  on_line: Callable[[int, str], None] | None = None,
-                 session: bool = True, note: bool = True) -> None:
+                 session: bool = True, note: bool = True, user: tuple[int, int] | None = None) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"ddplab: output must be one of {sorted(OUTPUTS)}, not {output!r}.")
         self.commands = [list(c) for c in commands]
         self.processes: list[subprocess.Popen] = []
         self._options = {"env": env, "cwd": cwd}
+        if user is not None:
+            uid, gid = user
+            self._options.update(user=uid, group=gid, extra_groups=[])
         self._output, self._on_line = output, on_line
         self._session, self._note = session, note
         self._tree = Tree()

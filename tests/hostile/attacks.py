@@ -186,6 +186,30 @@ def _setup_times_out(nb):
     nb.cells[0].source += "\nwhile True:\n    pass"
 
 
+# The published attack on Gradescope's autograders: the submission writes the results file (a
+# perfect results.json; here @CSV@), now and from a process that outlives its cell and tries again
+# once the grader should have finished.
+REWRITE_RESULTS = '''
+import json, os, sys
+forged = json.dumps({"score": 100, "tests": [{"name": "forged", "score": 100, "max_score": 1}]})
+try:
+    open(@CSV@, "w").write(forged)
+except OSError:
+    pass
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", f"""
+import time
+for _ in range(60):
+    time.sleep(0.5)
+    try:
+        open({@CSV@!r}, "w").write({forged!r})
+    except OSError:
+        pass
+""", "@MARKER@"])
+    os._exit(0)
+'''
 SHOWTRACEBACK = ("ip = get_ipython()\n"
                  f"ip.showtraceback = lambda *a, **k: {FAKE_CORRECT}\n"
                  "import sys\n"
@@ -224,6 +248,7 @@ ATTACKS = {
     "steal_solution": (_before_check(STEAL), 0),
     "steal_on_ranks": (_exercise(STEAL_ON_RANKS), 0),
     "write_outside": (_before_check(WRITE_OUTSIDE), 0),
+    "rewrite_results": (_before_check(REWRITE_RESULTS), 0),
     # the instructor's traps: the reason says what happened
     "moved_check": (_move_check_above_exercise, 0),
     "setup_times_out": (_setup_times_out, 0),
