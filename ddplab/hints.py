@@ -28,10 +28,31 @@ BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 
 
+#: Left beside the shipped notebooks by ``ddplab remove-solutions``.
+REMOVED_MARK = "SOLUTIONS-REMOVED"
+
+
+def shipped_dir() -> Path:
+    """Where an installed ddplab carries the course notebooks (a wheel copies them there)."""
+    return Path(__file__).resolve().parent / "course" / "notebooks"
+
+
+def solutions_removed() -> bool:
+    """Whether this installation's notebooks are the student versions (``ddplab remove-solutions``)."""
+    return (shipped_dir() / REMOVED_MARK).exists()
+
+
+def refuse_if_removed(what: str) -> None:
+    if solutions_removed():
+        raise CourseError(f"ddplab: {what}: this installation has no solutions (they were removed "
+                          f"for a graded term with `ddplab remove-solutions`). ddplab.hint(name) "
+                          f"still gives each exercise's hint.")
+
+
 def reference_dir() -> Path:
     """The folder of reference notebooks: the installed package's, else the checkout's."""
     package = Path(__file__).resolve().parent / "course"   # where a wheel carries them
-    for folder in (package / "notebooks", package.parents[1] / "notebooks"):
+    for folder in (shipped_dir(), package.parents[1] / "notebooks"):
         if any(folder.glob("*.ipynb")):
             return folder
     raise CourseError(f"ddplab: no course notebooks in {package / 'notebooks'} nor in "
@@ -70,13 +91,15 @@ def hint_text(name: str) -> str:
     key, (notebook, cell) = _exercise(name)
     hint = cell.metadata.get("ddplab", {}).get("hint")
     if not hint:
-        return (f"No hint was written for {key} ({notebook}). "
+        return (f"No hint was written for {key} ({notebook})." if solutions_removed() else
+                f"No hint was written for {key} ({notebook}). "
                 f"ddplab.solution({key!r}) shows the reference solution.")
     return f"Hint for {key} ({notebook}): {hint}"
 
 
 def solution_text(name: str) -> str:
     """The reference exercise cell, marker lines left out, ready to paste over the stub."""
+    refuse_if_removed(f"ddplab.solution({name!r})")
     key, (notebook, cell) = _exercise(name)
     body = "\n".join(line for line in cell.source.splitlines() if line.strip() not in (BEGIN, END))
     return f"# Reference solution of {key} ({notebook}):\n{body}"

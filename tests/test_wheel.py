@@ -116,3 +116,68 @@ def test_notebooks_release_and_grade_run_from_the_installed_package(installed):
     rows = {line.split(",")[0]: line for line in (work / "grades.csv").read_text().splitlines()}
     assert rows["alice"].startswith("alice,00_setup,1,1,1,"), rows
     assert rows["bob"].startswith("bob,00_setup,0,0,1,"), rows
+
+
+def _solution_blocks() -> list[str]:
+    """Every solution of the course, as the lines between its markers (blank lines left out)."""
+    import nbformat
+    blocks = []
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            inside, lines = False, []
+            for line in cell.source.splitlines():
+                if line.strip() in ("### BEGIN SOLUTION", "### END SOLUTION"):
+                    inside = not inside
+                    if not inside and lines:
+                        blocks.append("\n".join(lines))
+                        lines = []
+                elif inside and line.strip():
+                    lines.append(line.strip())
+    return blocks
+
+
+def _texts_of(folder: Path):
+    """(path, its text with every line stripped) for each file under ``folder``; a notebook's
+    text is its cells' sources (its JSON splits a block over quoted lines)."""
+    import json
+    for path in folder.rglob("*"):
+        if not path.is_file() or path.is_symlink() or path.suffix in (".pyc", ".so"):
+            continue
+        raw = path.read_bytes().decode("utf-8", errors="replace")
+        if path.suffix == ".ipynb":
+            raw = "\n".join("".join(c["source"]) for c in json.loads(raw)["cells"])
+        yield path, "\n".join(line.strip() for line in raw.splitlines() if line.strip())
+
+
+# Last in this module: it makes the installation solution-free for good.
+def test_remove_solutions_leaves_no_solution_text_in_the_environment_and_keeps_the_hints(installed):
+    python, work = installed
+    blocks = _solution_blocks()
+    assert len(blocks) >= 40, len(blocks)
+    before = [b for b in blocks if any(b in text for _, text in _texts_of(python.parent.parent))]
+    assert len(before) == len(blocks), "the wheel ships the reference notebooks"
+
+    done = _run(installed, "remove-solutions")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "carries no solutions now" in done.stdout
+    found = {str(path.relative_to(python.parent.parent)): block[:60]
+             for path, text in _texts_of(python.parent.parent) for block in blocks if block in text}
+    # A checker computes what it expects, sometimes with the very calls its exercise teaches
+    # (10's save through DCP's get_state_dict, 11's checkpointed blocks): those stay, and
+    # docs/instructors.md says so. No solution is anywhere else: no notebook, no other module.
+    outside_checkers = {path: block for path, block in found.items()
+                        if "/site-packages/ddplab/check/" not in f"/{path}"}
+    assert outside_checkers == {}, outside_checkers
+
+    again = _run(installed, "remove-solutions")         # once is enough; twice changes nothing
+    assert again.returncode == 0 and "student version" not in again.stdout
+    code = ("import ddplab\nddplab.hint('ping-pong')\ntry:\n    ddplab.solution('ping-pong')\n"
+            "except Exception as e:\n    print(type(e).__name__, e)\n")
+    asked = subprocess.run([str(python), "-c", code], cwd=work, env=_user_env(), capture_output=True,
+                           text=True, timeout=120)
+    assert asked.stdout.startswith("Hint for ping-pong (01_point_to_point.ipynb): "), asked
+    assert "CourseError ddplab: ddplab.solution('ping-pong'): this installation has no solutions" \
+        in asked.stdout, asked.stdout
+    for args in (["notebooks", "ref", "--reference"], ["grade", "submitted"]):
+        refused = _run(installed, *args)
+        assert refused.returncode == 2 and "removed for a graded term" in refused.stderr, refused

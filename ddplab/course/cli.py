@@ -5,6 +5,7 @@
     ddplab grade submitted/ --reference notebooks/ --csv grades.csv --junit grades.xml
     ddplab notebooks course/ [--reference]        # the shipped notebooks: student (or reference) versions
     ddplab autograder notebooks/06_x.ipynb -o autograder.zip   # Gradescope's autograder for an assignment
+    ddplab remove-solutions                       # a graded term: this installation keeps no solutions
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     nbs.add_argument("dest", help="folder to copy them into")
     nbs.add_argument("--reference", action="store_true",
                      help="the reference versions, solutions in (default: the student versions)")
+    sub.add_parser("remove-solutions", help="for a graded term: the notebooks this installed ddplab "
+                                            "carries become their student versions (hints kept)")
     ag = sub.add_parser("autograder", help="build the zip Gradescope runs to grade an assignment "
                                            "with ddplab grade")
     ag.add_argument("notebooks", nargs="+", help="the assignment's reference notebooks")
@@ -109,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         return notebooks(args)
     if args.command == "autograder":
         return autograder(args)
+    if args.command == "remove-solutions":
+        return remove_solutions()
     return 2
 
 
@@ -146,6 +151,23 @@ def notebooks(args) -> int:
         print(f"copied {path} ({kind} version)")
     for path in kept:
         print(f"kept   {path} (already there: never overwritten)")
+    return 0
+
+
+def remove_solutions() -> int:
+    """Make this installation solution-free; exit 2 with the reason where it cannot be."""
+    from ddplab.course.notebooks import remove_solutions as remove
+    from ddplab.errors import CourseError, ReleaseError
+
+    try:
+        rewritten = remove()
+    except (CourseError, ReleaseError, OSError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    for path in rewritten:
+        print(f"student version {path}")
+    print("this installation carries no solutions now (ddplab.solution and ddplab notebooks "
+          "--reference say so; ddplab.hint still helps)")
     return 0
 
 
@@ -195,7 +217,12 @@ def grade(args) -> int:
                 write_atomically(args.gradescope, report.to_gradescope(finished))
 
     if args.reference is None:
-        from ddplab.course.notebooks import reference_dir
+        from ddplab.course.notebooks import CourseError, reference_dir, refuse_if_removed
+        try:
+            refuse_if_removed("ddplab grade without --reference")
+        except CourseError as e:
+            print(e, file=sys.stderr)
+            return 2
         args.reference = str(reference_dir())
     try:
         # Every mistake in the command line is found now, not after the class was graded.
