@@ -130,18 +130,23 @@ def _raised(traceback_text: str) -> str:
 
 
 def run_student_code(what: str, fn: Callable, *args: Any, lab: Any = None, timeout: float,
-                     hint: str, ranks: Any = None) -> Any:
+                     hint: str, ranks: Any = None, each: dict[int, tuple] | None = None) -> Any:
     """``run_on_ranks``, where ``fn`` runs the student's code: its failures become AssertionErrors.
 
     A ``RankError`` (the student's code raised) fails the check with each
     rank's traceback; a ``HangError`` fails it with ``deadlock``'s message,
     ``hint`` saying what usually causes the hang. ``what`` names the code,
     e.g. ``"my_all_reduce(...)"``. With ``ranks``, only those run it (results by rank, a dict).
+    With ``each``, rank ``r`` runs ``fn(*args, *each[r])``, sent only its own arguments
+    (``Lab.run_each``; results by rank, a dict).
     """
     from ddplab.errors import HangError, RankError
 
     __tracebackhide__ = True
     try:
+        if each is not None:
+            return lab_or_current(lab).run_each(fn, {r: (*args, *extra) for r, extra in each.items()},
+                                                timeout=timeout)
         if ranks is not None:
             return run_on_ranks(fn, *args, lab=lab, timeout=timeout, ranks=ranks)
         return run_on_ranks(fn, *args, lab=lab, timeout=timeout)

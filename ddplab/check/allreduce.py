@@ -6,10 +6,19 @@
 Each takes the student's function, ``fn(tensor)``, which must sum ``tensor``
 over all ranks in place, like ``dist.all_reduce(tensor)``. The checker ships
 it to every rank (cloudpickle) and, for several lengths (some not divisible
-by world_size, one shorter than it, one 2-D), dtypes and seeds, gives it
-random data and compares the result with ``dist.all_reduce`` on a copy of the
-same data. Exercises that build all_reduce from send/recv must not call
+by world_size, one shorter than it, one 2-D) and dtypes, gives it random data
+and compares the result with what ``dist.all_reduce`` leaves: the sum of the
+inputs. Exercises that build all_reduce from send/recv must not call
 collectives: during the student's call those raise.
+
+Where the verdict is made: the inputs are drawn by the checker, from a seed
+drawn for each case that no rank sees, and each rank is sent only its own
+(``Lab.run_each``); the tensor each rank is left with comes back, and the
+checker compares it with the sum, with its own torch. Nothing on a rank holds
+the answer or judges it, so a submission that patches torch's comparisons on
+its ranks, or reads the checker's frames there, learns nothing and changes
+nothing; under ``ddplab grade`` the checker runs in the grading worker, where
+the submission's code never ran (``ddplab.grade.witness``).
 
 On failure the AssertionError names the case (shape, dtype, seed), the ranks
 that are wrong, and the first wrong element indexes with expected and got.
@@ -62,7 +71,7 @@ def cases(lengths=LENGTHS, dtypes=DTYPES, seeds=SEEDS) -> list[tuple[tuple[int, 
 
 
 def _make(shape: tuple[int, ...], dtype: str, seed: int, rank: int):
-    """The input of one case on one rank: different on each rank, the same every run."""
+    """The input of one case on one rank: different on each rank, the same for the same seed."""
     import torch
 
     generator = torch.Generator().manual_seed(1000 * seed + rank)
@@ -129,62 +138,96 @@ def _as_world(world: int | None, strays: list[str]):
     return pretend()
 
 
-def _run_cases(fn: Callable, case_list: list, forbidden: tuple[str, ...], exercise: str,
-               world: int | None = None, refuse_reference: bool = True) -> list[dict]:
-    """On a rank: each case's verdict for this rank. Every rank runs every case, so none is left waiting.
+def _on_rank(fn: Callable, forbidden: tuple[str, ...], exercise: str, world: int | None,
+             refuse_reference: bool, case: tuple, data) -> dict:
+    """On a rank: the student's ``fn`` on this rank's input, ``data`` (sent by the checker to this
+    rank alone); what it left in the tensor. Nothing is judged here, where the student's code ran:
+    the checker compares, with its own torch (``_judge``).
 
-    With ``world``, only ranks ``0..world-1`` run it, as a job of ``world`` ranks:
-    the reference is then the sum of those ranks' inputs, made here.
+    With ``world``, only ranks ``0..world-1`` run it, as a job of ``world`` ranks.
     """
     import torch
     import torch.distributed as dist
 
-    rank = dist.get_rank()
-    verdicts = []
-    for shape, dtype, seed in case_list:
-        data = _make(shape, dtype, seed, rank)
-        if world is None:
-            expected = data.clone()
-            dist.all_reduce(expected)                # the reference: torch's own all_reduce
-        else:                                        # the reference: every taking part rank's input
-            expected = sum(_make(shape, dtype, seed, r) for r in range(world))
-        got = data.clone()
-        strays: list[str] = []
-        try:
-            refusal = refusing_reference(exercise) if refuse_reference else contextlib.nullcontext()
-            with forbidding(forbidden, exercise), refusal, _as_world(world, strays):
-                returned = fn(got)
-        except Exception as error:
-            said = (f"{exercise} raised on the case shape={list(shape)}, dtype={dtype}, "
-                    f"seed={seed} (rank {rank}): {type(error).__name__}: {error}")
-            try:                     # the student's own type, so the check's first line names it
-                named = type(error)(said)
-            except Exception:
-                named = RuntimeError(said)
-            raise named from error
-        verdict = dict(case=(shape, dtype, seed), count=0, shown=[], note="")
-        if isinstance(returned, torch.Tensor) and returned is not got and torch.equal(got, data):
-            verdict["note"] = ("it returned a new tensor and left its argument unchanged; sum into "
-                               "the tensor it is given, in place, as dist.all_reduce does")
-        if got.shape != expected.shape or got.dtype != expected.dtype:
-            verdict.update(count=got.numel() or 1,
-                           note=f"the tensor changed to shape {list(got.shape)}, {got.dtype}")
-        else:
-            # Floats are summed in another order than gloo's, so allow a few roundings
-            # of the largest value (float16 rounds at 1e-3, float32 at 1e-7).
-            atol = 0.0
-            if expected.dtype.is_floating_point and expected.numel():
-                eps = max(1e-6, torch.finfo(expected.dtype).eps * 2 * (world or dist.get_world_size()))
-                atol = eps * max(1.0, float(expected.abs().max()))
-            verdict["count"], verdict["shown"] = _wrong_elements(expected, got, atol)
+    got = data.clone()
+    strays: list[str] = []
+    try:
+        refusal = refusing_reference(exercise) if refuse_reference else contextlib.nullcontext()
+        with forbidding(forbidden, exercise), refusal, _as_world(world, strays):
+            returned = fn(got)
+    except Exception as error:
+        shape, dtype, seed = case
+        said = (f"{exercise} raised on the case shape={list(shape)}, dtype={dtype}, "
+                f"seed={seed} (rank {dist.get_rank()}): {type(error).__name__}: {error}")
+        try:                     # the student's own type, so the check's first line names it
+            named = type(error)(said)
+        except Exception:
+            named = RuntimeError(said)
+        raise named from error
+    if world is None:
+        dist.barrier()                           # cases never overlap on the wire
+    return {"got": got, "strays": strays,
+            "returned_new": isinstance(returned, torch.Tensor) and returned is not got}
+
+
+def _judge(case: tuple, sent, left: dict, world: int) -> dict:
+    """The verdict on one rank's result, made by the checker: ``sent`` is every taking-part rank's
+    input, ``left`` what the rank's tensor held afterwards (``_on_rank``)."""
+    import torch
+
+    expected = sum(sent[1:], sent[0].clone())          # what dist.all_reduce leaves
+    got = left.get("got") if isinstance(left, dict) else None
+    verdict = dict(case=case, count=0, shown=[], note="")
+    if not isinstance(got, torch.Tensor):
+        return dict(verdict, count=expected.numel() or 1, note="its tensor did not come back")
+    if got.shape != expected.shape or got.dtype != expected.dtype:
+        return dict(verdict, count=got.numel() or 1,
+                    note=f"the tensor changed to shape {list(got.shape)}, {got.dtype}")
+    # Floats are summed in another order than gloo's, so allow a few roundings
+    # of the largest value (float16 rounds at 1e-3, float32 at 1e-7).
+    atol = 0.0
+    if expected.dtype.is_floating_point and expected.numel():
+        eps = max(1e-6, torch.finfo(expected.dtype).eps * 2 * world)
+        atol = eps * max(1.0, float(expected.abs().max()))
+    verdict["count"], verdict["shown"] = _wrong_elements(expected, got, atol)
+    return verdict
+
+
+def _run_case(fn: Callable, case: tuple, forbidden: tuple[str, ...], exercise: str, lab: Any,
+              world: int | None, refuse_reference: bool, what: str, hint: str) -> dict[int, dict]:
+    """One case on the lab's ranks (or ranks ``0..world-1``), judged here: verdicts by rank.
+
+    The inputs are drawn here, from a seed no rank sees, and each rank is sent only its own,
+    so no rank can know the answer without communicating.
+    """
+    import secrets
+
+    shape, dtype, _ = case
+    taking_part = world or lab_or_current(lab).world_size
+    seed = secrets.randbits(40)         # 1000 * seed + rank fits a generator seed
+    sent = [_make(shape, dtype, seed, rank) for rank in range(taking_part)]
+    left = run_student_code(what, _on_rank, fn, forbidden, exercise, world, refuse_reference, case,
+                            lab=lab, timeout=DEADLOCK_TIMEOUT, hint=hint,
+                            each={rank: (sent[rank],) for rank in range(taking_part)})
+    verdicts = {}
+    for rank in range(taking_part):
+        verdict = _judge(case, sent, left[rank], taking_part)
+        strays = left[rank].get("strays") if isinstance(left[rank], dict) else None
         if strays:
             verdict["count"] = verdict["count"] or 1
             verdict["note"] = (f"it called {strays[0]}, but on {world} ranks there is no rank "
                                f"{strays[0].split('=')[1].rstrip(')')}")
-        verdicts.append(verdict)
-        if world is None:
-            dist.barrier()                           # cases never overlap on the wire
+        elif (verdict["count"] and isinstance(left[rank], dict) and left[rank].get("returned_new")
+              and _equal(left[rank]["got"], sent[rank])):
+            verdict["note"] = ("it returned a new tensor and left its argument unchanged; sum into "
+                               "the tensor it is given, in place, as dist.all_reduce does")
+        verdicts[rank] = verdict
     return verdicts
+
+
+def _equal(a, b) -> bool:
+    import torch
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
 
 
 def _report(exercise: str, by_rank: list[list[dict]], hint: str) -> None:
@@ -234,12 +277,11 @@ def check_all_reduce(fn: Callable, exercise: str, forbidden: tuple[str, ...] = C
     case_list = cases() if case_list is None else case_list
     by_rank = [[] for _ in range(lab_or_current(lab).world_size)]
     for case in case_list:           # one call per case: a deadlock shows within DEADLOCK_TIMEOUT
-        got = run_student_code(f"{exercise}(tensor) on shape={list(case[0])}, dtype={case[1]}",
-                               _run_cases, fn, [case], forbidden, exercise, None, refuse_reference,
-                               lab=lab,
-                               timeout=DEADLOCK_TIMEOUT, hint=DEADLOCK_HINT)
-        for verdicts, more in zip(by_rank, got):
-            verdicts.extend(more)
+        verdicts = _run_case(fn, case, forbidden, exercise, lab, None, refuse_reference,
+                             f"{exercise}(tensor) on shape={list(case[0])}, dtype={case[1]}",
+                             DEADLOCK_HINT)
+        for rank, verdict in verdicts.items():
+            by_rank[rank].append(verdict)
     _report(exercise, by_rank, hint or "run it on a small tensor and print what each rank "
             "sends and receives.")
     if quiet:
@@ -334,15 +376,15 @@ def recursive_doubling_all_reduce(fn: Callable, lab: Any = None) -> None:
     case_list = cases()
     got: dict[int, list[dict]] = {r: [] for r in range(odd)}
     for case in case_list:           # one call per case: a deadlock shows within DEADLOCK_TIMEOUT
-        verdicts = run_student_code(
+        verdicts = _run_case(
+            fn, case, COLLECTIVES, exercise, lab, odd, True,
             f"{exercise} on {odd} ranks (0..{odd - 1} of this lab), shape={list(case[0])}, "
-            f"dtype={case[1]}", _run_cases, fn, [case], COLLECTIVES, exercise, odd, lab=lab,
-            ranks=range(odd), timeout=DEADLOCK_TIMEOUT,
-            hint=f"with p = {odd}, q = {1 << (odd.bit_length() - 1)}: ranks q..p-1 first send "
-                 f"their tensor to rank r - q and receive the result from it at the end; only "
-                 f"ranks 0..q-1 run the rounds.")
+            f"dtype={case[1]}",
+            f"with p = {odd}, q = {1 << (odd.bit_length() - 1)}: ranks q..p-1 first send "
+            f"their tensor to rank r - q and receive the result from it at the end; only "
+            f"ranks 0..q-1 run the rounds.")
         for rank in range(odd):
-            got[rank].extend(verdicts[rank])
+            got[rank].append(verdicts[rank])
     _report(f"{exercise} on {odd} ranks", [got[r] for r in range(odd)],
             f"{odd} is not a power of two: ranks q..p-1 (q the largest power of two <= p) send "
             f"their tensor to rank r - q, which adds it before the rounds and sends the sum back "
