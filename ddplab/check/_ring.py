@@ -1,0 +1,146 @@
+"""On a rank, for notebook 14's attention checks: run the student's function and watch how it works.
+
+``ring_run`` calls ``fn(q, k, v, causal)`` on this rank's slice of the sequence
+and notes, in order, every ``isend``/``irecv`` (peer, elements), every ``wait()``
+on their requests and every matrix product (``@``, ``matmul``, ``einsum``, ...,
+seen through a ``TorchFunctionMode``): from that log the checker tells whether
+the key/value blocks went round the ring, whether the next block was in flight
+while the current one was computed on, and whether causal blocks in the future
+were skipped. A product whose operand spans the whole sequence is refused on the
+spot: attention over gathered keys, not the ring. Every collective raises.
+
+``reshard_run`` calls the Ulysses re-shards with only ``all_to_all`` allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ._core import peer, swap_peer_calls
+from ._forbid import COLLECTIVES, forbidding
+
+#: Matrix products: the attention's compute, as a TorchFunctionMode sees it.
+PRODUCTS = frozenset(("matmul", "__matmul__", "__rmatmul__", "bmm", "mm", "einsum", "baddbmm",
+                      "scaled_dot_product_attention", "tensordot"))
+
+
+class _Request:
+    """A request isend/irecv returned; its ``wait()`` goes into the log."""
+
+    def __init__(self, work: Any, number: int, log: list) -> None:
+        self.work, self.number, self.log, self.waited = work, number, log, False
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.waited:
+            self.log.append(("wait", self.number))
+        self.waited = True
+        return self.work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.work, name)
+
+
+def _products(log: list, seq: int, exercise: str):
+    """A TorchFunctionMode that logs each matrix product and refuses one over the whole sequence."""
+    from torch.overrides import TorchFunctionMode
+
+    class Products(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            __tracebackhide__ = True
+            kwargs = kwargs or {}
+            if getattr(func, "__name__", "") in PRODUCTS:
+                shapes = [tuple(a.shape) for a in (*args, *kwargs.values()) if hasattr(a, "shape")]
+                if any(len(s) >= 2 and seq in s[-2:] for s in shapes):
+                    raise AssertionError(
+                        f"{exercise}: a product over the whole sequence ({func.__name__} of shapes "
+                        f"{', '.join(map(str, shapes))}; the sequence is {seq} long): attention over "
+                        f"gathered keys, not the ring. Each rank computes on one block of keys at a "
+                        f"time, the block that has just arrived, and merges.")
+                log.append(("compute",))
+            return func(*args, **kwargs)
+    return Products()
+
+
+def ring_run(fn: Callable, exercise: str, causal: bool, seq: int, heads: int, dim: int,
+             seed: int) -> dict:
+    """On a rank: ``fn`` on this rank's slice, its output and the log of messages and products."""
+    import torch
+    import torch.distributed as dist
+
+    from ddplab import attention
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    q, k, v = (attention.shard(t, rank, world) for t in attention.qkv(seq, heads, dim, seed))
+    log: list = []
+    requests: list[_Request] = []
+    depth = [0]
+
+    def wrap(name: str, keyword: str, real: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if depth[0]:
+                return real(*args, **kwargs)
+            tensor = args[0] if args else kwargs.get("tensor")
+            number = len(requests)
+            log.append(("send" if "send" in name else "recv", peer(args, kwargs, keyword),
+                        int(tensor.numel()) if hasattr(tensor, "numel") else -1, number))
+            depth[0] += 1
+            try:
+                work = real(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+            request = _Request(work, number, log)
+            requests.append(request)
+            if not name.startswith("i"):          # a blocking call waited before it returned
+                request.wait()
+                return work
+            return request
+        return call
+
+    undo = swap_peer_calls(wrap)
+    try:
+        with forbidding(COLLECTIVES, exercise, "ring attention"), _products(log, seq, exercise):
+            out = fn(q, k, v, causal)
+    finally:
+        undo()
+    unwaited = [n for n, r in enumerate(requests) if not r.waited]
+    for request in requests:
+        if not request.waited:
+            request.work.wait()
+    dist.barrier()
+    return {"out": out.detach().clone() if isinstance(out, torch.Tensor) else out,
+            "log": log, "unwaited": unwaited}
+
+
+def reshard_run(to_heads: Callable, to_seq: Callable, exercise: str, seq: int, heads: int,
+                dim: int, seed: int) -> dict:
+    """On a rank: the two re-shards on known tensors, and Ulysses attention made of them."""
+    import torch
+    import torch.distributed as dist
+
+    from ddplab import attention
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    q, k, v = (attention.shard(t, rank, world) for t in attention.qkv(seq, heads, dim, seed))
+    def refuse(name: str, keyword: str, real: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError(f"{exercise}: dist.{name} moves one tensor to one rank; a Ulysses "
+                                 f"re-shard is one dist.all_to_all (or all_to_all_single), every "
+                                 f"rank sending a piece to every rank.")
+        return call
+
+    def clone(t: Any) -> Any:
+        return t.detach().clone() if isinstance(t, torch.Tensor) else t
+
+    undo = swap_peer_calls(refuse)
+    others = tuple(c for c in COLLECTIVES if c != "all_to_all")
+    try:
+        with forbidding(others, exercise, "a Ulysses re-shard"):
+            heads_of_q = clone(to_heads(q.clone()))
+            expected_heads = attention.shard(attention.qkv(seq, heads, dim, seed)[0], rank, world, 0)
+            back = clone(to_seq(expected_heads.clone()))
+            whole = [to_heads(t.clone()) for t in (q, k, v)]
+            causal = to_seq(attention.full(*whole, causal=True))
+    finally:
+        undo()
+    dist.barrier()
+    return {"heads": heads_of_q, "seq": back, "attention": clone(causal)}
