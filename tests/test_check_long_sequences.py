@@ -215,7 +215,8 @@ def test_lse_merge_mistakes_named(fresh_lab, wrong, words):
     (ring_all_gather, "may not call dist.all_gather"),
 ])
 def test_ring_attention_mistakes_named(fresh_lab, wrong, words):
-    fails(lambda: check.ring_attention(wrong), words)
+    message = fails(lambda: check.ring_attention(wrong), words)
+    assert "cannot be checked" not in message          # the refusal itself, not a traceback per rank
 
 
 def test_ring_attention_mask_not_offset_named(fresh_lab):
@@ -234,7 +235,8 @@ def test_ulysses_reshape_without_permute_named(fresh_lab):
     (lambda *a: moe_layer(*a, weigh=False), "the gates were not applied"),
 ])
 def test_moe_layer_mistakes_named(fresh_lab, wrong, words):
-    fails(lambda: moe_check.moe_layer(wrong), words)
+    message = fails(lambda: moe_check.moe_layer(wrong), words)
+    assert "cannot be checked" not in message
 
 
 @pytest.mark.parametrize("wrong, words", [
@@ -243,3 +245,32 @@ def test_moe_layer_mistakes_named(fresh_lab, wrong, words):
 ])
 def test_balance_loss_mistakes_named(fresh_lab, wrong, words):
     fails(lambda: moe_check.balance_loss(wrong), words)
+
+
+def seq_to_heads_by_all_gather(x):
+    """Every rank's whole slice gathered, then this rank's heads picked out: not a re-shard."""
+    p, rank = dist.get_world_size(), dist.get_rank()
+    slices = [torch.empty_like(x) for _ in range(p)]
+    dist.all_gather(slices, x)
+    return torch.cat(slices, dim=1).chunk(p, dim=0)[rank]
+
+
+def balance_by_all_gather(probs, idx):
+    p = dist.get_world_size()
+    gathered = [torch.empty_like(probs) for _ in range(p)]
+    dist.all_gather(gathered, probs)
+    return balance_loss(probs, idx)
+
+
+@pytest.mark.parametrize("run", [lambda: check.ulysses(seq_to_heads_by_all_gather, heads_to_seq),
+                                 lambda: moe_check.balance_loss(balance_by_all_gather)])
+def test_gathering_everything_is_refused(fresh_lab, run):
+    message = fails(run, "may not call dist.all_gather")
+    assert "cannot be checked" not in message
+
+
+def test_on_4_ranks_the_references_pass_and_a_missing_permute_is_named(fresh_lab4, capsys):
+    check.ring_attention(ring_attention)
+    assert "K/V went round the ring in p - 1 = 3 step(s)" in capsys.readouterr().out
+    fails(lambda: check.ulysses(lambda x: seq_to_heads(x, permute=False), heads_to_seq),
+          "reshaped without moving the rank dimension")

@@ -40,6 +40,28 @@ class _Request:
         return getattr(self.work, name)
 
 
+def refused(call: Callable) -> tuple[Any, str | None]:
+    """On a rank: ``(call(), None)``, or ``(None, message)`` if it raised an AssertionError.
+
+    The check's refusals (a forbidden collective, a product over the whole
+    sequence, split sizes that disagree) raise inside the student's code; caught
+    here, the checker can fail with the message as its first line rather than a
+    traceback per rank. The rank still reaches the check's closing barrier.
+    """
+    try:
+        return call(), None
+    except AssertionError as error:
+        return None, str(error) or f"{call.__name__}: an AssertionError without a message"
+
+
+def raise_refusal(got: list[dict]) -> None:
+    """In the kernel: fail with the first rank's refusal, if any rank had one."""
+    __tracebackhide__ = True
+    said = next((g["refused"] for g in got if isinstance(g, dict) and g.get("refused")), None)
+    if said:
+        raise AssertionError(said)
+
+
 def _products(log: list, seq: int, exercise: str):
     """A TorchFunctionMode that logs each matrix product and refuses one over the whole sequence."""
     from torch.overrides import TorchFunctionMode
@@ -59,6 +81,23 @@ def _products(log: list, seq: int, exercise: str):
                 log.append(("compute",))
             return func(*args, **kwargs)
     return Products()
+
+
+def warm() -> None:
+    """On a rank: import and run once what the checks use, before the student's timeout starts.
+
+    A fresh rank on a loaded machine takes seconds over its first TorchFunctionMode,
+    expert or refusal; the check's deadlock timeout is for the student's code.
+    """
+    import torch.distributed as dist
+
+    from ddplab import attention, moe
+
+    q, k, v = attention.qkv(8, 2, 4)
+    with forbidding(COLLECTIVES, "warm-up", "nothing"), _products([], 9, "warm-up"):
+        attention.block(q, k, v)
+    moe.experts(2, 6)[0](moe.tokens(2, 6))
+    dist.barrier()
 
 
 def ring_run(fn: Callable, exercise: str, causal: bool, seq: int, heads: int, dim: int,
@@ -99,16 +138,16 @@ def ring_run(fn: Callable, exercise: str, causal: bool, seq: int, heads: int, di
     undo = swap_peer_calls(wrap)
     try:
         with forbidding(COLLECTIVES, exercise, "ring attention"), _products(log, seq, exercise):
-            out = fn(q, k, v, causal)
+            out, said = refused(lambda: fn(q, k, v, causal))
     finally:
         undo()
     unwaited = [n for n, r in enumerate(requests) if not r.waited]
     for request in requests:
-        if not request.waited:
+        if not request.waited and not said:     # a refused rank's peers may never send: no wait
             request.work.wait()
     dist.barrier()
     return {"out": out.detach().clone() if isinstance(out, torch.Tensor) else out,
-            "log": log, "unwaited": unwaited}
+            "log": log, "unwaited": unwaited, "refused": said}
 
 
 def reshard_run(to_heads: Callable, to_seq: Callable, exercise: str, seq: int, heads: int,
@@ -135,12 +174,15 @@ def reshard_run(to_heads: Callable, to_seq: Callable, exercise: str, seq: int, h
     others = tuple(c for c in COLLECTIVES if c != "all_to_all")
     try:
         with forbidding(others, exercise, "a Ulysses re-shard"):
-            heads_of_q = clone(to_heads(q.clone()))
             expected_heads = attention.shard(attention.qkv(seq, heads, dim, seed)[0], rank, world, 0)
-            back = clone(to_seq(expected_heads.clone()))
-            whole = [to_heads(t.clone()) for t in (q, k, v)]
-            causal = to_seq(attention.full(*whole, causal=True))
+
+            def both() -> tuple:
+                whole = [to_heads(t.clone()) for t in (q, k, v)]
+                return (clone(to_heads(q.clone())), clone(to_seq(expected_heads.clone())),
+                        clone(to_seq(attention.full(*whole, causal=True))))
+            answers, said = refused(both)
     finally:
         undo()
     dist.barrier()
-    return {"heads": heads_of_q, "seq": back, "attention": clone(causal)}
+    heads_of_q, back, causal = answers or (None, None, None)
+    return {"heads": heads_of_q, "seq": back, "attention": causal, "refused": said}

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._core import lab_or_current, passed, run_student_code, same, swap_peer_calls
+from ._core import lab_or_current, passed, run_on_ranks, run_student_code, same, swap_peer_calls
 from ._forbid import COLLECTIVES, forbidding
+from ._ring import raise_refusal, refused, warm
 
 __all__ = ["balance_loss", "moe_layer"]
 
 TIMEOUT = 15.0
+WARM_UP = 120.0          # the check's own warm-up on fresh ranks of a loaded machine
 DIM, K, ATOL = 6, 2, 1e-10
 
 
@@ -116,13 +118,14 @@ def _layer_run(fn: Callable, capacity: bool) -> dict:
     others = tuple(c for c in COLLECTIVES if c != "all_to_all")
     try:
         with forbidding(others, "moe_layer", "expert parallelism's dispatch and combine"):
-            out = fn(x.clone(), idx.clone(), gates.clone(), mine)
+            out, said = refused(lambda: fn(x.clone(), idx.clone(), gates.clone(), mine))
     finally:
         undo()
         for module in (dist, c10d):
             module.all_to_all_single = real
     dist.barrier()
-    return {"out": out.detach().clone() if isinstance(out, torch.Tensor) else out, "log": log}
+    return {"out": out.detach().clone() if isinstance(out, torch.Tensor) else out, "log": log,
+            "refused": said}
 
 
 def _out_of_order(x: Any, idx: Any, gates: Any, everyone: list) -> list:
@@ -161,9 +164,11 @@ def moe_layer(fn: Callable, lab: Any = None) -> None:
     lab = lab_or_current(lab)
     p = lab.world_size
     everyone = moe.experts(2 * p, DIM)
+    run_on_ranks(warm, lab=lab, timeout=WARM_UP)
     for capacity in (False, True):
         got = run_student_code("moe_layer(x, idx, gates, experts)", _layer_run, fn, capacity, lab=lab,
                                timeout=TIMEOUT, hint="every rank must make the same all_to_all calls.")
+        raise_refusal(got)
         moved = [sum(1 for floating, _, _ in g["log"] if floating) for g in got]
         if min(moved) < 2:
             raise AssertionError(f"moe_layer: {min(moved)} all_to_all_single call(s) of token rows on "
@@ -222,11 +227,12 @@ def _balance_run(fn: Callable) -> Any:
     others = tuple(c for c in COLLECTIVES if c != "all_reduce")
     try:
         with forbidding(others, "balance_loss", "the balance loss from all_reduced statistics"):
-            got = fn(probs.clone(), idx.clone())
+            got, said = refused(lambda: fn(probs.clone(), idx.clone()))
     finally:
         undo()
     dist.barrier()
-    return float(got) if isinstance(got, torch.Tensor) and got.numel() == 1 else got
+    value = float(got) if isinstance(got, torch.Tensor) and got.numel() == 1 else got
+    return {"value": value, "refused": said}
 
 
 def balance_loss(fn: Callable, lab: Any = None) -> None:
@@ -239,8 +245,11 @@ def balance_loss(fn: Callable, lab: Any = None) -> None:
                              f"got {fn!r}.")
     lab = lab_or_current(lab)
     p = lab.world_size
+    run_on_ranks(warm, lab=lab, timeout=WARM_UP)
     got = run_student_code("balance_loss(probs, idx)", _balance_run, fn, lab=lab, timeout=TIMEOUT,
                            hint="every rank must make the same all_reduce calls.")
+    raise_refusal(got)
+    got = [g["value"] for g in got]
     cases = [_balance_case(rank, p) for rank in range(p)]
     probs, idx = torch.cat([c[0] for c in cases]), torch.cat([c[1] for c in cases])
     expected = _loss(probs, idx)

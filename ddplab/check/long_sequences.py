@@ -23,13 +23,15 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import _ring
-from ._core import answers_of, lab_or_current, passed, run_student_code, same, spell_raised
+from ._core import answers_of, lab_or_current, passed, run_on_ranks, run_student_code, same, spell_raised
 
 __all__ = ["lse_merge", "ring_attention", "ulysses"]
 
 #: Seconds one call of a student's function may take before the ranks are reported as deadlocked.
 TIMEOUT = 15.0
-SEQ, HEADS, DIM, SEED = 24, 4, 5, 3
+#: Seconds the check's own warm-up may take on fresh ranks of a loaded machine (imports, first products).
+WARM_UP = 120.0
+SEQ, HEADS, DIM, SEED = 24, 8, 5, 3    # 8 heads: 2 a rank on 4 ranks, where a permute matters
 ATOL = 1e-10
 HANG_HINT = ("a ring where every rank first waits in recv (or in a blocking send) for its neighbour "
              "never moves. Post dist.isend to the right and dist.irecv from the left, compute, "
@@ -179,6 +181,7 @@ def _computes(log: list) -> int:
 
 def _run_ring(fn: Callable, lab: Any, causal: bool) -> list[dict]:
     __tracebackhide__ = True
+    run_on_ranks(_ring.warm, lab=lab, timeout=WARM_UP)
     return run_student_code(f"ring_attention(q, k, v, causal={causal})", _ring.ring_run, fn,
                             "ring_attention", causal, SEQ, HEADS, DIM, SEED, lab=lab,
                             timeout=TIMEOUT, hint=HANG_HINT)
@@ -193,6 +196,8 @@ def ring_attention(fn: Callable, lab: Any = None) -> None:
     lab = lab_or_current(lab)
     p = lab.world_size
     runs = {causal: _run_ring(fn, lab, causal) for causal in (False, True)}
+    for got in runs.values():
+        _ring.raise_refusal(got)
     for causal, got in runs.items():
         late = [rank for rank, g in enumerate(got) if g["unwaited"]]
         if late:
@@ -251,9 +256,11 @@ def ulysses(to_heads: Callable, to_seq: Callable, lab: Any = None) -> None:
     _need(to_seq, "heads_to_seq")
     lab = lab_or_current(lab)
     p = lab.world_size
+    run_on_ranks(_ring.warm, lab=lab, timeout=WARM_UP)
     got = run_student_code("seq_to_heads / heads_to_seq", _ring.reshard_run, to_heads, to_seq,
                            "ulysses", SEQ, HEADS, DIM, SEED, lab=lab, timeout=TIMEOUT,
                            hint="every rank must call all_to_all the same number of times.")
+    _ring.raise_refusal(got)
     q = attention.qkv(SEQ, HEADS, DIM, SEED)[0]
     for rank, g in enumerate(got):
         heads = attention.shard(q, rank, p, 0)
