@@ -255,11 +255,49 @@ def seq_to_heads_by_all_gather(x):
     return torch.cat(slices, dim=1).chunk(p, dim=0)[rank]
 
 
+def seq_to_heads_by_all_to_all_of_everything(x):
+    """all_to_all as an all_gather: the whole slice to every rank, then this rank's heads picked out."""
+    p, rank = dist.get_world_size(), dist.get_rank()
+    slices = [torch.empty_like(x) for _ in range(p)]
+    dist.all_to_all(slices, [x] * p)
+    return torch.cat(slices, dim=1).chunk(p, dim=0)[rank]
+
+
+def ring_softmax_over_gathered_scores(q, k, v, causal):
+    """K/V round the ring, each block's scores kept, one softmax over them all: no merge."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    kv, blocks = torch.stack([k, v]), {}
+    for step in range(p):
+        blocks[(rank - step) % p] = kv
+        if step < p - 1:
+            nxt = torch.empty_like(kv)
+            reqs = [dist.isend(kv, dst=(rank + 1) % p), dist.irecv(nxt, src=(rank - 1) % p)]
+            scores_now = q @ kv[0].transpose(-2, -1)          # some compute while it travels
+            for r in reqs:
+                r.wait()
+            kv = nxt
+    del scores_now
+    scores = torch.cat([q @ blocks[s][0].transpose(-2, -1) / math.sqrt(q.shape[-1]) for s in range(p)], -1)
+    weights = torch.softmax(scores, -1)
+    b = q.shape[-2]
+    return sum(weights[..., s * b:(s + 1) * b] @ blocks[s][1] for s in range(p))
+
+
 def balance_by_all_gather(probs, idx):
     p = dist.get_world_size()
     gathered = [torch.empty_like(probs) for _ in range(p)]
     dist.all_gather(gathered, probs)
     return balance_loss(probs, idx)
+
+
+def test_ulysses_by_an_all_to_all_of_everything_is_named(fresh_lab):
+    fails(lambda: check.ulysses(seq_to_heads_by_all_to_all_of_everything, heads_to_seq),
+          "more than the slice itself", "is an all_gather")
+
+
+def test_ring_softmax_over_the_gathered_scores_is_refused(fresh_lab):
+    fails(lambda: check.ring_attention(ring_softmax_over_gathered_scores),
+          "a softmax over scores as long as the whole sequence")
 
 
 @pytest.mark.parametrize("run", [lambda: check.ulysses(seq_to_heads_by_all_gather, heads_to_seq),

@@ -22,6 +22,8 @@ from ._forbid import COLLECTIVES, forbidding
 #: Matrix products: the attention's compute, as a TorchFunctionMode sees it.
 PRODUCTS = frozenset(("matmul", "__matmul__", "__rmatmul__", "bmm", "mm", "einsum", "baddbmm",
                       "scaled_dot_product_attention", "tensordot"))
+#: What normalises scores: over a last dimension as long as the sequence, scores gathered, not merged.
+NORMALISERS = frozenset(("softmax", "log_softmax", "logsumexp", "exp", "exp_"))
 
 
 class _Request:
@@ -70,7 +72,14 @@ def _products(log: list, seq: int, exercise: str):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             __tracebackhide__ = True
             kwargs = kwargs or {}
-            if getattr(func, "__name__", "") in PRODUCTS:
+            name = getattr(func, "__name__", "")
+            if name in NORMALISERS and any(getattr(a, "ndim", 0) >= 2 and a.shape[-1] == seq
+                                           for a in (*args, *kwargs.values())):
+                raise AssertionError(
+                    f"{exercise}: a {name} over scores as long as the whole sequence ({seq}): the "
+                    f"blocks' scores were put together, not merged. Compute each block's (out, lse) "
+                    f"and merge it into the running result with the log-sum-exp merge.")
+            if name in PRODUCTS:
                 shapes = [tuple(a.shape) for a in (*args, *kwargs.values()) if hasattr(a, "shape")]
                 if any(len(s) >= 2 and seq in s[-2:] for s in shapes):
                     raise AssertionError(
@@ -171,18 +180,50 @@ def reshard_run(to_heads: Callable, to_seq: Callable, exercise: str, seq: int, h
         return t.detach().clone() if isinstance(t, torch.Tensor) else t
 
     undo = swap_peer_calls(refuse)
+    moved = [0]
+    restore = _counting_all_to_all(moved)
     others = tuple(c for c in COLLECTIVES if c != "all_to_all")
     try:
         with forbidding(others, exercise, "a Ulysses re-shard"):
             expected_heads = attention.shard(attention.qkv(seq, heads, dim, seed)[0], rank, world, 0)
 
             def both() -> tuple:
+                first = clone(to_heads(q.clone()))
+                elements = moved[0]
                 whole = [to_heads(t.clone()) for t in (q, k, v)]
-                return (clone(to_heads(q.clone())), clone(to_seq(expected_heads.clone())),
+                return (first, elements, clone(to_seq(expected_heads.clone())),
                         clone(to_seq(attention.full(*whole, causal=True))))
             answers, said = refused(both)
     finally:
+        restore()
         undo()
     dist.barrier()
-    heads_of_q, back, causal = answers or (None, None, None)
-    return {"heads": heads_of_q, "seq": back, "attention": causal, "refused": said}
+    heads_of_q, elements, back, causal = answers or (None, 0, None, None)
+    return {"heads": heads_of_q, "seq": back, "attention": causal, "refused": said,
+            "moved": elements, "slice": q.numel()}
+
+
+def _counting_all_to_all(moved: list) -> Callable[[], None]:
+    """Count the elements passed to ``all_to_all``/``all_to_all_single`` into ``moved[0]``; the undo."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    saved = {(m, n): getattr(m, n) for m in (dist, c10d) for n in ("all_to_all", "all_to_all_single")}
+
+    def counting(real: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            given = args[1] if len(args) > 1 else kwargs.get("input", kwargs.get("input_tensor_list"))
+            pieces = given if isinstance(given, (list, tuple)) else [given]
+            moved[0] += sum(int(t.numel()) for t in pieces if hasattr(t, "numel"))
+            return real(*args, **kwargs)
+        return call
+
+    for name in ("all_to_all", "all_to_all_single"):
+        replacement = counting(saved[(dist, name)])      # one object in both modules, as torch has
+        for module in (dist, c10d):
+            setattr(module, name, replacement)
+
+    def undo() -> None:
+        for (module, name), real in saved.items():
+            setattr(module, name, real)
+    return undo

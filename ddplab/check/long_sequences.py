@@ -8,14 +8,15 @@ Each compares with attention on one process (``ddplab.attention.full``) in
 float64 at 1e-10, and says what went wrong by what it saw. ``lse_merge``: a merge
 without the running max overflows on large scores; averaged outputs; a max for
 the log-sum-exp. ``ring_attention`` (run causal and not, ``ddplab.check._ring``
-watching): every collective raises, a product over the whole sequence is
-refused (gathered keys), each rank must send only to its right neighbour and
-receive only from its left, ``p - 1`` blocks; the next block must be in flight
-while the current one is computed on; a causal rank skips the blocks in its
-future; a wrong causal result is matched against the usual mistakes (the mask
-not offset by the block's place, offset by one block too many or too few, the
-diagonal left out). ``ulysses``: only ``all_to_all`` may move data; the
-pieces reshaped without moving the rank dimension are named.
+watching): every collective raises; a product or a softmax over the whole
+sequence is refused (keys or scores gathered, not merged); each rank must send
+only to its right neighbour and receive only from its left, ``p - 1`` blocks;
+the next block must be in flight while the current one is computed on; a causal
+rank skips the blocks in its future; a wrong causal result is matched against
+the usual mistakes (the mask not offset by the block's place, offset by one
+block, the diagonal left out). ``ulysses``: only ``all_to_all`` may move data,
+each element of the slice once (not the whole slice to every rank); the pieces
+reshaped without moving the rank dimension are named.
 """
 
 from __future__ import annotations
@@ -261,6 +262,14 @@ def ulysses(to_heads: Callable, to_seq: Callable, lab: Any = None) -> None:
                            "ulysses", SEQ, HEADS, DIM, SEED, lab=lab, timeout=TIMEOUT,
                            hint="every rank must call all_to_all the same number of times.")
     _ring.raise_refusal(got)
+    extra = [rank for rank, g in enumerate(got) if g["moved"] > g["slice"]]
+    if extra:
+        g = got[extra[0]]
+        raise AssertionError(
+            f"seq_to_heads on rank {extra[0]} passed {g['moved']} elements to all_to_all to re-shard a "
+            f"slice of {g['slice']}: more than the slice itself. A re-shard sends each element once, "
+            f"heads j*H/p.. to rank j (the piece for itself included); sending the whole slice to "
+            f"every rank is an all_gather, p times the bytes.")
     q = attention.qkv(SEQ, HEADS, DIM, SEED)[0]
     for rank, g in enumerate(got):
         heads = attention.shard(q, rank, p, 0)
