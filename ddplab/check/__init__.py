@@ -23,7 +23,9 @@ from . import (
                checkpoints,
                collectives,
                debugging,
+               experts,
                launchers,
+               long_sequences,
                multinode,
                p2p,
                pipelines,
@@ -42,7 +44,9 @@ from .byhand import *  # noqa: F401,F403
 from .checkpoints import *  # noqa: F401,F403
 from .collectives import *  # noqa: F401,F403
 from .debugging import *  # noqa: F401,F403
+from .experts import *  # noqa: F401,F403
 from .launchers import *  # noqa: F401,F403
+from .long_sequences import *  # noqa: F401,F403
 from .multinode import *  # noqa: F401,F403
 from .p2p import *  # noqa: F401,F403
 from .pipelines import *  # noqa: F401,F403
@@ -55,7 +59,8 @@ from .training import *  # noqa: F401,F403
 
 __all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *build_ddp.__all__,
                   *build_sharded.__all__, *byhand.__all__,
-                  *checkpoints.__all__, *collectives.__all__, *debugging.__all__, *launchers.__all__,
+                  *checkpoints.__all__, *collectives.__all__, *debugging.__all__, *experts.__all__,
+                  *launchers.__all__, *long_sequences.__all__,
                   *multinode.__all__, *p2p.__all__, *pipelines.__all__, *precision.__all__, *setup.__all__,
                   *samplers.__all__, *sharding_model.__all__,
                   *timeline.__all__, *training.__all__])
