@@ -40,6 +40,7 @@ def test_sample_differs_per_rank_and_case():
     assert not torch.equal(p2p.sample(0, 0), p2p.sample(0, 1))
     assert p2p.sample(3, 0).dtype == torch.int64
     assert torch.equal(p2p.sample(2, 1), p2p.sample(2, 1))
+    assert not torch.equal(p2p.sample(2, 1, seed=1), p2p.sample(2, 1, seed=2))   # drawn per trial
 
 
 # ------------------------------------------------------------------ ping_pong
@@ -321,3 +322,38 @@ def test_ring_token_without_the_variable(fresh_lab4):
     fresh_lab4.run_cell("token = torch.zeros(1)", ranks=[0, 1, 3])
     fresh_lab4.run_cell("token = 1\ndel token", ranks=[2])
     _fails(p2p.ring_token, match="no variable `token` on rank 2")
+
+
+# ------------------------------------------------------- answers that want the verdict for free
+def gather_from_the_checkers_frames(tensor_list, tensor):
+    """Copies the expected list out of a checker's frame on this rank: no communication."""
+    import sys
+    frame = sys._getframe(1)
+    while frame is not None:
+        found = frame.f_locals.get("expected")
+        if isinstance(found, list) and len(found) == len(tensor_list):
+            for out, value in zip(tensor_list, found):
+                out.copy_(value)
+            return
+        frame = frame.f_back
+    tensor_list[dist.get_rank()].copy_(tensor)
+
+
+def gather_by_remaking_every_input(tensor_list, tensor):
+    """Every rank's input remade with ``p2p.sample`` from the trial found in the checker's frame."""
+    import sys
+    frame = sys._getframe(1)
+    while frame is not None and "case" not in frame.f_locals:
+        frame = frame.f_back
+    case = frame.f_locals["case"]
+    for rank, out in enumerate(tensor_list):
+        out.copy_(p2p.sample(case, rank))
+
+
+@pytest.mark.parametrize("answer", [gather_from_the_checkers_frames, gather_by_remaking_every_input],
+                         ids=lambda f: f.__name__)
+def test_all_gather_cannot_be_answered_without_communicating(fresh_lab, answer):
+    """Issue 46: no rank holds another's input or the expected list; each is sent its own input,
+    drawn from a seed no rank sees."""
+    with pytest.raises(AssertionError, match="tensor_list after my_all_gather"):
+        p2p.all_gather_p2p(answer)

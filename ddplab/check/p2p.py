@@ -7,10 +7,12 @@ Most exercises here are functions the student writes in the notebook, such as
 
 and the checker calls it on every rank, several times, with fresh inputs of
 a few shapes and dtypes, so an answer that only fits the notebook's numbers
-fails. The expected answer comes from torch itself: the inputs the checker
-made (it knows them), or ``dist.all_gather`` run on the ranks beside the
-student's code. ``ring_token`` instead reads the ``token`` a ``%%ranks``
-cell left on each rank.
+fails. The checker makes every rank's input itself, from a seed drawn for
+each trial that no rank sees, and sends each rank only its own
+(``Lab.run_each``): a rank learns another's input only by communicating. The
+answers come back and are compared here, with the checker's torch, against
+what it knows the inputs were; nothing on a rank holds the expected answer.
+``ring_token`` instead reads the ``token`` a ``%%ranks`` cell left on each rank.
 
 A student's function that raises fails the check with ``RankError`` (that
 rank's traceback). One that deadlocks fails it with an ``AssertionError``
@@ -42,16 +44,16 @@ _DEADLOCK_HINT = ("two blocking sends facing each other wait forever; post the r
                   "waiting (isend/irecv or batch_isend_irecv).")
 
 
-def sample(case: int, rank: int) -> Any:
-    """The input rank ``rank`` gets in trial ``case``: distinct per rank and per trial.
+def sample(case: int, rank: int, seed: int = 0) -> Any:
+    """The input rank ``rank`` gets in trial ``case`` with ``seed``: distinct per rank and per trial.
 
-    Runs on the ranks and in the kernel alike, so the kernel knows every
-    rank's input without asking for it.
+    Made by the checker, which draws ``seed`` for each trial (``_trials``) and
+    sends each rank its own input.
     """
     import torch
 
     shape, dtype = _CASES[case]
-    generator = torch.Generator().manual_seed(1000 * case + rank)
+    generator = torch.Generator().manual_seed((seed << 16) + 1000 * case + rank)
     values = torch.randint(-50, 50, shape, generator=generator) + 100 * (rank + 1)
     return values.to(getattr(torch, dtype))
 
@@ -117,22 +119,30 @@ def _needs_world_size(lab: Any, checker: str, allowed: Callable[[int], bool], wa
                              f"lab = ddplab.start(world_size=...) and run your cells again.")
 
 
-def _trials(trial: Callable, fn: Callable, lab: Any, timeout: float) -> list[list[Any]]:
-    """Run ``trial(fn, case)`` on every rank for each case.
+def _trials(trial: Callable, fn: Callable, lab: Any, timeout: float) -> list[tuple[list, list]]:
+    """For each case: (every rank's input, what ``trial(fn, case, input)`` returned on each rank).
 
-    A deadlock or an exception in the student's code becomes an AssertionError
-    (``run_student_code``), a deadlock after ``timeout`` seconds, with a hint.
+    The inputs are made here from a seed drawn for the trial, and each rank is
+    sent only its own. A deadlock or an exception in the student's code
+    becomes an AssertionError (``run_student_code``), a deadlock after
+    ``timeout`` seconds, with a hint.
     """
-    return [run_student_code(_what(getattr(fn, "__name__", "your function"), case), trial, fn, case,
-                             lab=lab, timeout=timeout, hint=_DEADLOCK_HINT)
-            for case in range(len(_CASES))]
+    import secrets
+
+    n = lab.world_size
+    trials = []
+    for case in range(len(_CASES)):
+        seed = secrets.randbits(40)
+        inputs = [sample(case, rank, seed) for rank in range(n)]
+        got = run_student_code(_what(getattr(fn, "__name__", "your function"), case), trial, fn, case,
+                               lab=lab, timeout=timeout, hint=_DEADLOCK_HINT,
+                               each={rank: (inputs[rank],) for rank in range(n)})
+        trials.append((inputs, [got[rank] for rank in range(n)]))
+    return trials
 
 
 # ------------------------------------------------------------------ ping_pong
-def _ping_pong_trial(fn: Callable, case: int) -> Any:
-    import torch.distributed as dist
-
-    x = sample(case, dist.get_rank())
+def _ping_pong_trial(fn: Callable, case: int, x: Any) -> Any:
     with _matching(case):
         return fn(x)
 
@@ -146,8 +156,8 @@ def ping_pong(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOUT) ->
     _needs_function(fn, "ping_pong", "ping_pong")
     lab = lab_or_current(lab)
     _needs_world_size(lab, "ping_pong", lambda n: n == 2, "2 ranks")
-    for case, got in enumerate(_trials(_ping_pong_trial, fn, lab, timeout)):
-        x0 = sample(case, 0)
+    for case, (inputs, got) in enumerate(_trials(_ping_pong_trial, fn, lab, timeout)):
+        x0 = inputs[0]
         compare(_what("ping_pong(x)", case), [2 * x0, x0], got,
                 hint="rank 1 receives into a buffer shaped like x (torch.empty_like(x)) with "
                      "recv(buffer, src=0), then sends 2 * buffer back with send(..., dst=0); "
@@ -156,11 +166,8 @@ def ping_pong(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOUT) ->
 
 
 # --------------------------------------------------------------- swap_tensors
-def _keep_input_trial(fn: Callable, case: int) -> list[Any]:
+def _keep_input_trial(fn: Callable, case: int, t: Any) -> list[Any]:
     """Call ``fn`` on this rank's input; return its answer and the input as it is afterwards."""
-    import torch.distributed as dist
-
-    t = sample(case, dist.get_rank())
     with _matching(case):
         answer = fn(t)
     return [answer, t]
@@ -171,8 +178,7 @@ def swap_tensors(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOUT)
     _needs_function(fn, "swap_tensors", "swap")
     lab = lab_or_current(lab)
     _needs_world_size(lab, "swap_tensors", lambda n: n == 2, "2 ranks")
-    for case, got in enumerate(_trials(_keep_input_trial, fn, lab, timeout)):
-        inputs = [sample(case, rank) for rank in range(2)]
+    for case, (inputs, got) in enumerate(_trials(_keep_input_trial, fn, lab, timeout)):
         compare(_what("swap(t)", case), [inputs[1], inputs[0]], [answer for answer, _ in got],
                 hint="each rank returns a new tensor filled by irecv(buffer, src=other rank), "
                      "while isend(t, dst=other rank) sends its own; wait() on both before returning.")
@@ -183,17 +189,11 @@ def swap_tensors(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOUT)
 
 
 # --------------------------------------------------------- neighbour_exchange
-def _exchange_trial(fn: Callable, case: int) -> list[Any]:
-    """The student's ``(from_left, from_right)``, the input afterwards, and all_gather's view."""
-    import torch
-    import torch.distributed as dist
-
-    t = sample(case, dist.get_rank())
-    everyone = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(everyone, t.clone())
+def _exchange_trial(fn: Callable, case: int, t: Any) -> list[Any]:
+    """The student's ``(from_left, from_right)``, and the input afterwards."""
     with _matching(case):
         answer = fn(t)
-    return [answer, t, everyone]
+    return [answer, t]
 
 
 def neighbour_exchange(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
@@ -201,42 +201,38 @@ def neighbour_exchange(fn: Callable, lab: Any = None, timeout: float = _CHECK_TI
 
     The left neighbour of rank ``r`` is ``(r - 1) % world_size``, the right one
     ``(r + 1) % world_size``. The reference is ``dist.all_gather`` of every
-    rank's ``t``; ``t`` itself must be left unchanged.
+    rank's ``t`` (the inputs the checker sent); ``t`` itself must be left unchanged.
     """
     _needs_function(fn, "neighbour_exchange", "exchange")
     lab = lab_or_current(lab)
     _needs_world_size(lab, "neighbour_exchange", lambda n: n >= 3, "3 or more ranks")
     n = lab.world_size
-    for case, got in enumerate(_trials(_exchange_trial, fn, lab, timeout)):
+    for case, (everyone, got) in enumerate(_trials(_exchange_trial, fn, lab, timeout)):
         expected, answers = [], []
-        for rank, (answer, _, everyone) in enumerate(got):
+        for rank, (answer, _) in enumerate(got):
             expected.append((everyone[(rank - 1) % n], everyone[(rank + 1) % n]))
             answers.append(tuple(answer) if isinstance(answer, list) else answer)
         compare(_what("exchange(t) -> (from_left, from_right)", case), expected, answers,
                 hint="irecv the left neighbour's t into one new buffer and the right one's into "
                      "another; isend t to both; put all four P2POps in one batch_isend_irecv "
                      "and wait() on every request it returns.")
-        compare(_what("t after exchange(t)", case), [everyone[rank] for rank, (_, _, everyone)
-                                                     in enumerate(got)], [t for _, t, _ in got],
+        compare(_what("t after exchange(t)", case), everyone, [t for _, t in got],
                 hint="receive into new buffers, not into t.")
     passed("every rank got its left and right neighbours' tensors, in that order.")
 
 
 # -------------------------------------------------------------- all_gather_p2p
-def _all_gather_trial(fn: Callable, case: int) -> list[Any]:
-    """The student's output list, torch's all_gather output list, and the input afterwards."""
+def _all_gather_trial(fn: Callable, case: int, t: Any) -> list[Any]:
+    """The student's output list, and the input afterwards."""
     import torch
     import torch.distributed as dist
 
-    t = sample(case, dist.get_rank())
     n = dist.get_world_size()
-    expected = [torch.zeros_like(t) for _ in range(n)]
-    dist.all_gather(expected, t.clone())
     # Filled with -1, so an entry the student never writes shows as -1, not as a lucky 0.
     got = [torch.full_like(t, -1) for _ in range(n)]
     with forbidding(COLLECTIVES, "my_all_gather", builds="all_gather"), _matching(case):
         fn(got, t)
-    return [got, expected, t]
+    return [got, t]
 
 
 def all_gather_p2p(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
@@ -250,15 +246,15 @@ def all_gather_p2p(fn: Callable, lab: Any = None, timeout: float = _CHECK_TIMEOU
     _needs_function(fn, "all_gather_p2p", "my_all_gather")
     lab = lab_or_current(lab)
     _needs_world_size(lab, "all_gather_p2p", lambda n: n >= 2, "2 or more ranks")
-    for case, got in enumerate(_trials(_all_gather_trial, fn, lab, timeout)):
+    for case, (inputs, got) in enumerate(_trials(_all_gather_trial, fn, lab, timeout)):
         compare(_what("tensor_list after my_all_gather(tensor_list, tensor)", case),
-                [expected for _, expected, _ in got], [answer for answer, _, _ in got],
+                [inputs] * lab.world_size, [answer for answer, _ in got],
                 hint="tensor_list[i] must end up equal to rank i's tensor, on every rank "
                      "(your own entry too: copy_ it). Fill the list's tensors in place "
                      "(irecv into tensor_list[i]); rebinding the name does not change the "
                      "caller's list.")
         compare(_what("tensor after my_all_gather(tensor_list, tensor)", case),
-                [sample(case, rank) for rank in range(lab.world_size)], [t for _, _, t in got],
+                inputs, [t for _, t in got],
                 hint="tensor is the input; only tensor_list is written.")
     passed("my_all_gather fills tensor_list exactly like dist.all_gather.")
 
