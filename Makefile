@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lab lab-reference test test-fast bench clean
+.PHONY: install docs lab lab-reference test test-fast bench clean
 
 install: $(STAMP)
 
@@ -14,6 +14,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
+
+# The course as a website in build/site (open build/site/index.html): the notebooks with their
+# stored outputs, the guides, the API from the docstrings. --strict: a broken link fails it.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 # Jupyter refuses to run as root unless told to; containers often run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
