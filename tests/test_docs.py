@@ -7,6 +7,7 @@ must name a file that exists and, for a Markdown file, an anchor one of its head
 """
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,15 @@ def test_nothing_points_at_a_readme_section_any_more():
     found = [f"{source.relative_to(ROOT)}: {m.group(0)}"
              for source in _sources() for m in STALE.finditer(_text(source))]
     assert not found, "point these at the guide in docs/ instead:\n" + "\n".join(found)
+
+
+def test_the_api_page_documents_every_teaching_module():
+    """docs/reference.md lists modules by hand: each one ddplab/__init__ names must be there."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from check_layout import listed_teaching_modules
+
+    page = (ROOT / "docs" / "reference.md").read_text()
+    # env is the shared rules module (not a lesson's API); the others are what notebooks import
+    missing = [m for m in listed_teaching_modules(ROOT / "ddplab" / "__init__.py")
+               if m != "env" and f"::: ddplab.{m}\n" not in page]
+    assert missing == [], f"add `::: ddplab.<name>` to docs/reference.md for {missing}"

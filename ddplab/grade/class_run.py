@@ -325,6 +325,7 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
                              user=(run_as.uid, run_as.gid) if run_as else None,
                              cwd=str(tmp) if run_as else None)    # the grader's may be shut to it
         ran = worker.start().wait(timeout=deadline, grace=5)
+        procs.reap_adopted()          # bubblewrap's own child, adopted by the grader: no zombie left
         if ran.timed_out:
             return Grade(student, ref.stem, str(path),
                          error=f"not graded: grading took longer than {deadline:g} s and was stopped")

@@ -37,6 +37,7 @@ from .tree import (
                    descendants,
                    end_tree,
                    process,
+                   reap_adopted,
                    run_command,
                    send,
                    start,
@@ -44,4 +45,4 @@ from .tree import (
 
 __all__ = ["END_GRACE_S", "Exit", "Group", "KILL_WAIT_S", "Member", "Results", "Tree", "alive",
            "become_subreaper", "descendants", "end_descendants", "end_tree", "hide_memory",
-           "parent_gone", "process", "run", "run_command", "send", "start"]
+           "parent_gone", "process", "reap_adopted", "run", "run_command", "send", "start"]

@@ -1,6 +1,7 @@
 """Starting one process, and ending a tree of them: ``start``, ``Tree``, ``end_tree``.
 
 ``run_command`` runs a short command to its end (``subprocess.run``).
+``reap_adopted`` reaps the zombies a child subreaper adopted.
 
 Every process ddplab starts (a lab's controller and engines, a launch's
 torchrun, a training run, a grading worker or kernel) is ended here, by one
@@ -28,7 +29,9 @@ from __future__ import annotations
 import os
 import signal as _signal
 import subprocess
+import threading
 import time
+import weakref
 from typing import Iterable, Union
 
 import psutil
@@ -92,7 +95,9 @@ def start(command: list[str], *, session: bool = True, **popen_kwargs) -> subpro
     reaches it too (``ddplab grade``'s workers). Its stdin is /dev/null unless given.
     """
     popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
-    return subprocess.Popen(command, start_new_session=session, **popen_kwargs)
+    proc = subprocess.Popen(command, start_new_session=session, **popen_kwargs)
+    _started.add(proc)
+    return proc
 
 
 def run_command(command: list[str], *, timeout: float, **options) -> subprocess.CompletedProcess:
@@ -104,7 +109,45 @@ def run_command(command: list[str], *, timeout: float, **options) -> subprocess.
     a command that cannot start raises ``OSError``. A command that runs on, or
     has children of its own to end, is started with ``start`` or a ``Group``.
     """
-    return subprocess.run(command, timeout=timeout, **options)
+    with _running_commands_lock:
+        _running_commands[0] += 1
+    try:
+        return subprocess.run(command, timeout=timeout, **options)
+    finally:
+        with _running_commands_lock:
+            _running_commands[0] -= 1
+
+
+#: Every child ``start`` made: ``reap_adopted`` leaves them to their ``Popen``.
+_started: weakref.WeakSet = weakref.WeakSet()
+#: ``run_command``s under way (their children are ``subprocess.run``'s to reap).
+_running_commands, _running_commands_lock = [0], threading.Lock()
+
+
+def reap_adopted() -> list[int]:
+    """Reap this process's zombie children that no ``Popen`` of ours will: orphans a child
+    subreaper adopted (bubblewrap's own child, left when the outer ``bwrap`` exits, one per
+    sandboxed submission). Returns their pids. While a ``run_command`` runs, it waits: that
+    command's child is ``subprocess.run``'s, and reaping it here would lose its exit status.
+    """
+    with _running_commands_lock:
+        if _running_commands[0]:
+            return []
+        ours = {p.pid for p in list(_started) if p.returncode is None}
+        reaped = []
+        try:
+            children = psutil.Process().children()
+        except psutil.Error:
+            return []
+        for child in children:
+            try:
+                if child.pid in ours or child.status() != psutil.STATUS_ZOMBIE:
+                    continue
+                if os.waitpid(child.pid, os.WNOHANG)[0] == child.pid:
+                    reaped.append(child.pid)
+            except (psutil.Error, ChildProcessError):
+                continue
+        return reaped
 
 
 class Tree:

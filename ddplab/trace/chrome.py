@@ -6,8 +6,14 @@ and a flow arrow from each send to its recv. Times in microseconds since the tra
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
+
+from .events import Event
+
+#: The fields an event's ``args`` carry (the rest are the slice itself). Read once: the
+#: per-event ``dataclasses.asdict`` copied every value and took 20 s for 200k events.
+_ARG_FIELDS = tuple(f.name for f in fields(Event) if f.name not in ("rank", "op", "start", "end", "kind"))
 
 
 def chrome(trace: Any) -> dict:
@@ -24,8 +30,7 @@ def chrome(trace: Any) -> dict:
             out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
                         "args": {"name": name}})
     for e in trace.require_events() + trace.compute:
-        args = {k: v for k, v in asdict(e).items()
-                if k not in ("rank", "op", "start", "end", "kind") and v not in (None, 0, 0.0)}
+        args = {k: v for k in _ARG_FIELDS if (v := getattr(e, k)) is not None and v != 0}
         out.append({"name": e.op, "cat": e.kind, "ph": "X", "pid": e.rank, "tid": 0,
                     "ts": us(e.start), "dur": us(max(e.duration, 0.0)), "args": args})
         if not e.blocking and e.kind != "compute":
