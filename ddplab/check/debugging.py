@@ -62,6 +62,17 @@ class Mystery:
         lab = lab_or_current(lab)
         return lab.run(mysteries.run_on_rank, self.kind, self.source, self.path, timeout=TIMEOUT)
 
+    def run_as_a_cell(self, timeout: float = 2.0, lab: Any = None) -> Any:
+        """Run the program as a cell of yours would run it: a hang is ddplab's ``HangError``.
+
+        The program's group waits far longer than ``timeout``, so when the lab
+        gives up the ranks are still stuck, and the ``HangError`` says where, from
+        the flight recorder. Stuck ranks need ``lab.restart()`` afterwards.
+        """
+        lab = lab_or_current(lab)
+        return lab.run(mysteries.run_on_rank, self.kind, self.source, self.path, 10 * TIMEOUT,
+                       timeout=timeout)
+
 
 def mystery(kind: str, seed: int = 0) -> Mystery:
     """The program of notebook 09's section ``kind`` (seed 0 is the one the notebook shows)."""

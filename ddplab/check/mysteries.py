@@ -218,7 +218,7 @@ dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------ on a rank
-def run_on_rank(kind: str, source: str, path: str) -> object:
+def run_on_rank(kind: str, source: str, path: str, group_timeout: float = GROUP_TIMEOUT) -> object:
     """Run a mystery's ``main(group)`` on this rank in a group of its own; what the tool shows.
 
     ``flight``: this rank's flight recorder dump (``_dump_fr_trace_json``), its
@@ -238,7 +238,8 @@ def run_on_rank(kind: str, source: str, path: str) -> object:
     if level is not None:
         dist.set_debug_level(level)          # groups and DDP made from here on see it
     try:
-        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT))
+        group = dist.new_group(backend="gloo",
+                               timeout=datetime.timedelta(seconds=group_timeout))
         if kind == "unused":
             namespace = _load(source, path)
             namespace["DDP"] = _ddp_at(level, namespace["DDP"])
@@ -250,7 +251,7 @@ def run_on_rank(kind: str, source: str, path: str) -> object:
     message = ""
     with open(stacks, "w") as out:
         if kind == "stacks":
-            faulthandler.dump_traceback_later(GROUP_TIMEOUT * 0.4, file=out)
+            faulthandler.dump_traceback_later(group_timeout * 0.4, file=out)
         try:
             namespace["main"](group)
         except Exception as e:  # noqa: BLE001 - the bug's error is what the tool shows
