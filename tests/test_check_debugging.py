@@ -38,7 +38,8 @@ def diagnose_detail(message):
     return {"collective": int(found[0][1]) + 1, "ops": {int(r): op for r, _, op in found}}
 
 def unused_names(message):
-    line = next(line for line in message.splitlines() if "did not receive grad" in line)
+    line = next(line for line in message.splitlines()
+                if "Parameters which did not receive grad" in line)
     return {name.strip() for name in line.split(":", 1)[1].split(",")}
 
 def diagnose_stacks(stacks, path):
