@@ -251,7 +251,7 @@ def run_on_rank(kind: str, source: str, path: str, group_timeout: float = GROUP_
     message = ""
     with open(stacks, "w") as out:
         if kind == "stacks":
-            faulthandler.dump_traceback_later(group_timeout * 0.4, file=out)
+            faulthandler.dump_traceback_later(group_timeout * 0.5, file=out)
         try:
             namespace["main"](group)
         except Exception as e:  # noqa: BLE001 - the bug's error is what the tool shows
