@@ -578,3 +578,31 @@ def test_the_verdict_is_made_where_the_answer_did_not_run(fresh_lab, answer):
     message = str(info.value)
     assert "naive_all_reduce is wrong on" in message or "raised" in message, message
     fresh_lab.restart()          # the patches live on its ranks
+
+
+def sums_with_a_functional_collective(tensor):
+    """torch's functional all_reduce: past the process group's Python methods, into C++."""
+    import torch.distributed._functional_collectives as functional
+    tensor.copy_(functional.wait_tensor(functional.all_reduce(tensor, "sum", dist.group.WORLD)))
+    return tensor
+
+
+def sums_through_torch_ops(tensor):
+    """The op under the functional collectives, called directly."""
+    import torch as on_the_rank  # here: cloudpickle cannot send torch.ops itself
+    ops = on_the_rank.ops._c10d_functional
+    tensor.copy_(ops.wait_tensor(ops.all_reduce(tensor, "sum", dist.group.WORLD.group_name)))
+    return tensor
+
+
+@pytest.mark.parametrize("answer", [sums_with_a_functional_collective, sums_through_torch_ops],
+                         ids=lambda f: f.__name__)
+def test_a_collective_issued_below_torch_distributed_is_refused(fresh_lab, answer):
+    """Issue 46 item 2: torch's flight recorder, in the process group's C++ code, sees it."""
+    # Imported first: on a loaded machine its import alone has outlasted the check's timeout.
+    fresh_lab.run(lambda: __import__("torch.distributed._functional_collectives"), timeout=120)
+    with pytest.raises(AssertionError) as info:
+        check.naive_all_reduce(answer)
+    message = str(info.value)
+    assert "may not issue all_reduce: torch's flight recorder saw collective #" in message, message
+    assert "functional collective" in message

@@ -9,8 +9,13 @@ call only, the methods of torch's process group classes that carry it out
 each backend, which a group hands the work to) raise an ``AssertionError``
 naming the ``dist`` function that was called and the student's line.
 
-What it does not see: torch's functional collectives
-(``torch.distributed._functional_collectives``), which reach the backend in C++.
+Torch's functional collectives (``torch.distributed._functional_collectives``,
+``torch.ops._c10d_functional``) reach the backend in C++, past those methods.
+So ``forbidding`` also reads torch's flight recorder, which sits in the
+process group's C++ code, before and after the student's call
+(``ddplab.rank.flight.mark``/``since``): a forbidden collective recorded during
+the call fails it, however it was issued. (gloo records a reduce_scatter as an
+all_reduce: the recorder's names are what it reports.)
 
 Chapters that build a library's mechanism (DDP's overlap, ZeRO, FSDP, a
 pipeline schedule) keep the collectives and refuse the library instead:
@@ -29,6 +34,8 @@ from __future__ import annotations
 import contextlib
 import sys
 from typing import Iterator
+
+from ..rank import flight
 
 __all__ = ["COLLECTIVES", "LIBRARY", "forbidding", "refusing_library"]
 
@@ -125,10 +132,26 @@ def forbidding(collectives: tuple[str, ...], exercise: str, builds: str = "all_r
                     if method in cls.__dict__:      # the raw descriptor: restoring it keeps binding
                         saved.append((cls, method, cls.__dict__[method]))
                         setattr(cls, method, _refusal(collective, method, exercise, builds, every))
+        before = flight.mark()
         yield
+        _refuse_recorded(flight.since(before), set(collectives), exercise, builds)
     finally:
         for cls, method, value in reversed(saved):
             setattr(cls, method, value)
+
+
+def _refuse_recorded(recorded: list[tuple[int, str]], forbidden: set[str], exercise: str,
+                     builds: str) -> None:
+    """Fail if torch's flight recorder saw a forbidden collective during the student's call."""
+    __tracebackhide__ = True
+    for seq, op in recorded:
+        if op in forbidden:
+            raise AssertionError(
+                f"{exercise} builds {builds} by hand, so it may not issue {op}: torch's flight "
+                f"recorder saw collective #{seq} ({op}) on this rank during the call, issued below "
+                f"torch.distributed's functions (a functional collective, torch.ops). The check "
+                f"refuses the collective however it reaches the backend. Use the calls the "
+                f"exercise names.")
 
 
 def _refuse_library(name: str, exercise: str, builds: str, frame) -> None:

@@ -35,9 +35,44 @@ _serving: set[str] = set()      # FIFOs a thread of this process already answers
 QUESTIONS = {ord("?"): "", ord("T"): ".trace"}
 
 
+#: torch's reader of the recorder, taken when the engine starts, before any cell of the
+#: notebook's runs: code that replaces it in torch's module later does not blind ``since``.
+_read = None
+
+
 def enable() -> None:
     """Turn the recorder on for groups made from now on (unless the user set a size)."""
+    global _read
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", BUFFER_SIZE)
+    try:
+        import torch
+        _read = torch._C._distributed_c10d._dump_fr_trace_json
+    except (ImportError, AttributeError):
+        log.debug("no flight recorder in this torch", exc_info=True)
+
+
+def _entries() -> list[dict]:
+    if _read is None:
+        return []
+    try:
+        return json.loads(_read(True, False)).get("entries", [])
+    except Exception:                 # never enabled, or no group yet
+        log.debug("no flight recorder dump", exc_info=True)
+        return []
+
+
+def mark() -> int:
+    """The recorder's latest record number on this rank (-1 before any): pass it to ``since``."""
+    return max((int(e.get("record_id", -1)) for e in _entries()), default=-1)
+
+
+def since(record: int) -> list[tuple[int, str]]:
+    """The collectives (not sends or receives) this rank issued after ``mark()`` gave ``record``:
+    (their number on their group, torch's op name, e.g. ``all_reduce``). The recorder sits in
+    the process group's C++ code, so it sees every way there: ``dist``, torch's functional
+    collectives, ``torch.ops``."""
+    return [(int(e.get("collective_seq_id", 0)), str(e.get("profiling_name", "?")).split(":")[-1])
+            for e in _entries() if int(e.get("record_id", -1)) > record and not e.get("is_p2p")]
 
 
 def summary() -> list[dict]:
