@@ -80,6 +80,20 @@ def test_predict_step_names_the_mistake(wrong, named):
     assert "expected" not in message
 
 
+def predict_by_the_planner(flops, flop_rate, grad_bytes, world_size, alpha, beta):
+    """The bypass: the planner's own α-β cost instead of the formula."""
+    from ddplab.plan import Network
+
+    network = Network.from_bench({"alpha": alpha, "beta": beta})
+    return flops / flop_rate + network.seconds("all_reduce", grad_bytes, world_size)
+
+
+def test_predict_step_refuses_the_planners_cost():
+    fails(lambda: check.predict_step(predict_by_the_planner), "may not call the planner's Network.seconds")
+    from ddplab.plan import Network
+    assert Network.from_bench({"alpha": 1.0, "beta": 0.0}).seconds("all_reduce", 0, 2) == 2.0   # put back
+
+
 # ------------------------------------------------------- what fits
 def fastest_anyway(rows, budget):
     return max((r for r in rows if not r.error), key=lambda r: r.tokens_per_s).strategy

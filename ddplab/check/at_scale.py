@@ -17,6 +17,7 @@ recording rather than its replay. It never prints the expected answer.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from typing import Any, Callable
@@ -58,8 +59,13 @@ def _named(mistakes: list[tuple[str, Callable]], wrong: list[tuple[tuple, Any]],
 
 
 def _spell_args(args: tuple) -> str:
-    return "(" + ", ".join(f"{a:.3g}" if isinstance(a, float) else
-                           (f"<{len(a)} rows>" if isinstance(a, list) else repr(a)) for a in args) + ")"
+    def one(a: Any) -> str:
+        if isinstance(a, float):
+            return f"{a:.3g}"
+        if isinstance(a, (int, str)) or a is None:
+            return repr(a)
+        return f"<{len(a)} rows>" if isinstance(a, list) else f"<a {type(a).__name__}>"
+    return "(" + ", ".join(map(one, args)) + ")"
 
 
 def _close(a: Any, b: float, rel: float = 1e-9) -> bool:
@@ -103,12 +109,30 @@ _STEP_MISTAKES: list[tuple[str, Callable[..., float]]] = [
 ]
 
 
+def _without_planner(fn: Callable, *args: Any) -> Any:
+    """Where the student's function runs: ``fn(*args)`` with the planner's α-β cost refused
+    (``Network.seconds``, however it was imported): the exercise is that formula."""
+    from ddplab.plan.network import Network
+
+    own = Network.seconds
+
+    def refused(*_: Any, **__: Any) -> float:
+        raise AssertionError("my_predict_step may not call the planner's Network.seconds: write "
+                             "the ring's α-β formula yourself")
+    Network.seconds = refused
+    try:
+        return fn(*args)
+    finally:
+        Network.seconds = own
+
+
 def predict_step(fn: Callable, lab: Any = None) -> None:
     """Check ``fn(flops, flop_rate, grad_bytes, world_size, alpha, beta)``: seconds of one
     data-parallel step, compute then a ring all_reduce of the gradients, nothing overlapped."""
     __tracebackhide__ = True
     _need(fn, "predict_step")
-    wrong = [(args, got) for args, got in zip(_STEPS, _answers(fn, "predict_step", _STEPS))
+    answers = _answers(functools.partial(_without_planner, fn), "predict_step", _STEPS)
+    wrong = [(args, got) for args, got in zip(_STEPS, answers)
              if not _close(got, _step(*args))]
     if wrong:
         args, got = wrong[0]
