@@ -12,7 +12,8 @@ way (the α-β formula, the plan's rows, the bubble formula, ``tr.replay``) and,
 when the student's differs, says which plausible mistake it matches: the
 (N-1)/N factor or the 2 of a ring all_reduce left out, the fastest strategy
 taken whether it fits or not, (p-1)/m for the bubble, a trace compared with its
-recording rather than its replay. It never prints the expected answer.
+recording rather than its replay. It never prints the expected answer. The inputs it draws:
+``ddplab.check._scale_inputs``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import operator
 from typing import Any, Callable
 
 from ._core import answers_of, passed, spell_raised
+from ._scale_inputs import BUBBLES, STEPS, fits_cases, replay_calls, ring
 
 __all__ = ["bubble_microbatches", "fits_budget", "predict_step", "replay_growth"]
 
@@ -73,21 +75,14 @@ def _close(a: Any, b: float, rel: float = 1e-9) -> bool:
 
 
 # ------------------------------------------------------------ a step by hand
-def _ring(n: int, nbytes: float, alpha: float, beta: float) -> float:
-    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes * beta
-
-
-#: (flops, flop_rate, grad_bytes, world_size, alpha, beta): a CPU lab, an H100 node, 64 and 1024 ranks.
-_STEPS = [(6.2e9, 1.7e10, 8.4e6, 2, 9e-5, 5e-10), (4.1e13, 4e14, 2.0e9, 8, 3e-6, 2.8e-12),
-          (4.1e13, 4e14, 2.0e9, 64, 8e-6, 2.5e-11), (1.2e12, 3e13, 5e8, 1024, 8e-6, 2.5e-11)]
 def _step(flops: float, rate: float, nbytes: float, n: int, alpha: float, beta: float) -> float:
-    return flops / rate + _ring(n, nbytes, alpha, beta)
+    return flops / rate + ring(n, nbytes, alpha, beta)
 
 
 _STEP_MISTAKES: list[tuple[str, Callable[..., float]]] = [
     ("the compute is missing: a step is flops / flop_rate of compute and then the all_reduce "
      "(on these CPU ranks nothing hides behind compute)",
-     lambda f, r, s, n, a, b: _ring(n, s, a, b)),
+     lambda f, r, s, n, a, b: ring(n, s, a, b)),
     ("the communication is missing: the gradients' all_reduce takes time too",
      lambda f, r, s, n, a, b: f / r),
     ("the (N-1)/N factor is missing from the bytes: in a ring each rank sends 2(N-1) pieces of "
@@ -105,7 +100,7 @@ _STEP_MISTAKES: list[tuple[str, Callable[..., float]]] = [
      lambda f, r, s, n, a, b: f / r + a + 2 * (n - 1) / n * s * b),
     ("the compute and the all_reduce overlap in your answer (the larger of the two): on ranks "
      "whose collectives share the cores with the compute, add them",
-     lambda f, r, s, n, a, b: max(f / r, _ring(n, s, a, b))),
+     lambda f, r, s, n, a, b: max(f / r, ring(n, s, a, b))),
 ]
 
 
@@ -131,8 +126,8 @@ def predict_step(fn: Callable, lab: Any = None) -> None:
     data-parallel step, compute then a ring all_reduce of the gradients, nothing overlapped."""
     __tracebackhide__ = True
     _need(fn, "predict_step")
-    answers = _answers(functools.partial(_without_planner, fn), "predict_step", _STEPS)
-    wrong = [(args, got) for args, got in zip(_STEPS, answers)
+    answers = _answers(functools.partial(_without_planner, fn), "predict_step", STEPS)
+    wrong = [(args, got) for args, got in zip(STEPS, answers)
              if not _close(got, _step(*args))]
     if wrong:
         args, got = wrong[0]
@@ -140,43 +135,11 @@ def predict_step(fn: Callable, lab: Any = None) -> None:
             ("a step on these ranks is the compute (the FLOPs at the flop rate) and then one ring "
              "all_reduce of the gradients, timed by α-β, nothing hidden")
         raise AssertionError(f"predict_step{_spell_args(args)} is wrong: got {got!r}.\nHint: {why}.")
-    passed(f"predict_step times compute plus a ring all_reduce by α-β on {len(_STEPS)} "
+    passed(f"predict_step times compute plus a ring all_reduce by α-β on {len(STEPS)} "
            f"machines (2 to 1024 ranks).")
 
 
 # ------------------------------------------------------------ what fits
-def _row(name: str, peak: float, state: float, activations: float, compute: float, exposed: float,
-         tokens: int, error: str | None = None) -> Any:
-    from ddplab.plan import Row, Step
-
-    if error:
-        return Row(name, 64, error=error)
-    third = state / 3
-    memory = {"parameters": int(third), "gradients": int(third), "optimizer": int(third),
-              "activations": int(activations)}
-    return Row(name, 64, memory, int(peak), Step(compute=compute, exposed=exposed),
-               tokens=tokens)
-
-
-def _fits_cases() -> list[tuple[list, float]]:
-    """(rows at 64 ranks, budget in bytes): the fastest never fits, a row's memory without its
-    temporaries fits where its peak does not, the shortest step trains fewer tokens."""
-    GB, tok = 1e9, 64 * 8 * 1024
-    a = [_row("ddp", 31 * GB, 16 * GB, 6 * GB, 0.11, 0.03, tok),
-         _row("zero1", 23 * GB, 13 * GB, 6 * GB, 0.11, 0.07, tok),
-         _row("fsdp", 17 * GB, 1 * GB, 6 * GB, 0.11, 0.09, tok),
-         _row("tp8+fsdp", 7 * GB, 0.2 * GB, 2.7 * GB, 0.014, 0.02, tok // 8),
-         _row("pp4+fsdp", 0, 0, 0, 0, 0, 0, error="16 layers do not split into 3 equal stages")]
-    b = [_row("ddp", 15 * GB, 8 * GB, 3 * GB, 0.05, 0.01, tok),
-         _row("fsdp", 9.5 * GB, 0.5 * GB, 3 * GB, 0.05, 0.04, tok),
-         _row("tp8+fsdp", 3 * GB, 0.1 * GB, 1.2 * GB, 0.006, 0.03, tok // 8),
-         _row("pp4+fsdp", 4 * GB, 0.2 * GB, 1 * GB, 0.012, 0.015, tok // 4)]
-    c = [_row("ddp", 31 * GB, 16 * GB, 6 * GB, 0.11, 0.03, tok),
-         _row("fsdp", 17 * GB, 1 * GB, 6 * GB, 0.11, 0.09, tok),
-         _row("tp8+pp4+fsdp", 0, 0, 0, 0, 0, 0, error="heads do not split over tp=8")]
-    return [(a, 20 * GB), (a, 12 * GB), (b, 10 * GB), (b, 3.5 * GB), (c, 16 * GB)]
-
-
 def _fits_by(rows: list, budget: float, size: Callable[[Any], float]) -> str | None:
     fitting = [r for r in rows if r.error is None and size(r) <= budget]
     return max(fitting, key=lambda r: r.tokens_per_s).strategy if fitting else None
@@ -186,7 +149,7 @@ def _fits_right(rows: list, budget: float) -> str | None:
     return _fits_by(rows, budget, lambda r: r.peak)
 
 
-_FITS_MISTAKES: list[tuple[str, Callable[[list, float], Any]]] = [
+FITS_MISTAKES: list[tuple[str, Callable[[list, float], Any]]] = [
     ("it is the fastest strategy, and it does not fit: keep only the rows whose peak is within "
      "the budget, then take the fastest of those",
      lambda rows, budget: max((r for r in rows if not r.error), key=lambda r: r.tokens_per_s).strategy),
@@ -211,20 +174,20 @@ def fits_budget(fn: Callable, lab: Any = None) -> None:
     fits ``budget`` bytes per rank and trains the most tokens per second; None if none fits."""
     __tracebackhide__ = True
     _need(fn, "fits_budget")
-    cases = _fits_cases()
+    cases = fits_cases()
     wrong = [((rows, budget), got) for (rows, budget), got in zip(cases, _answers(fn, "fits_budget", cases))
              if got != _fits_right(rows, budget)]
     if wrong:
         same = operator.eq
         none = [(args, got) for args, got in wrong if _fits_right(*args) is None]
         (rows, budget), got = (none or wrong)[0]
-        why = _named(_FITS_MISTAKES, wrong, same, every=True)
+        why = _named(FITS_MISTAKES, wrong, same, every=True)
         if why is None and none:
             why = ("nothing fits this budget: return None" +
                    ("; a row with an error has no numbers (its peak is 0), it fits nothing"
                     if any(r.error and r.strategy == got for r in rows) else ""))
         elif why is None:
-            why = _named(_FITS_MISTAKES, wrong, same) or \
+            why = _named(FITS_MISTAKES, wrong, same) or \
                 ("return the strategy name (row.strategy) of the row that fits (row.peak <= budget, "
                  "no row.error) with the most row.tokens_per_s")
         else:
@@ -235,10 +198,6 @@ def fits_budget(fn: Callable, lab: Any = None) -> None:
 
 
 # ------------------------------------------------------------ the bubble
-#: (stages, sequences per replica, target): m must divide the batch; 3/30 is 0.1 exactly.
-_BUBBLES = [(4, 360, 0.10), (4, 540, 0.10), (16, 720, 0.15), (8, 8, 0.10), (1, 8, 0.10), (2, 64, 0.05)]
-
-
 def _smallest(p: int, batch: int, target: float, bubble: Callable, under: bool = True,
               divides: bool = True) -> int | None:
     for m in range(1, batch + 1):
@@ -268,7 +227,7 @@ def bubble_microbatches(fn: Callable, lab: Any = None) -> None:
     the 1F1B bubble (p-1)/(m+p-1) smaller than ``target``; None if no m does."""
     __tracebackhide__ = True
     _need(fn, "bubble_microbatches")
-    for args, got in zip(_BUBBLES, _answers(fn, "bubble_microbatches", _BUBBLES)):
+    for args, got in zip(BUBBLES, _answers(fn, "bubble_microbatches", BUBBLES)):
         expected = _smallest(*args, _share)
         if got == expected and (got is None or isinstance(got, int)):
             continue
@@ -282,41 +241,10 @@ def bubble_microbatches(fn: Callable, lab: Any = None) -> None:
         raise AssertionError(f"bubble_microbatches{_spell_args(args)} is wrong: got {got!r}.\n"
                              f"Hint: {why}.")
     passed(f"bubble_microbatches finds the fewest micro-batches under the target bubble for "
-           f"{len(_BUBBLES)} pipelines (1 to 16 stages).")
+           f"{len(BUBBLES)} pipelines (1 to 16 stages).")
 
 
 # ------------------------------------------------------------ a replay
-def _trace(slow: float, small: int, big: int) -> Any:
-    """Two ranks, three rounds of 20 ms of work, a blocking all_reduce of ``big`` bytes and an
-    async one of ``small`` bytes waited on later, each ``slow`` times its α-β time at 2 ranks
-    under the first fit (a loaded machine records slower collectives than the fit says)."""
-    from ddplab.trace import Trace
-    from ddplab.trace.events import event
-
-    alpha, beta = _FITS[0]["alpha"], _FITS[0]["beta"]
-    rows, compute = [], []
-    for rank in (0, 1):
-        t = 0.0
-        for _ in range(3):
-            compute.append(dict(rank=rank, op="work", kind="compute", start=t, end=t + 0.02))
-            t += 0.02
-            took = slow * _ring(2, big, alpha, beta)
-            rows.append(dict(rank=rank, op="all_reduce", kind="collective", start=t, end=t + took,
-                             nbytes=big))
-            t += took
-            done = t + slow * _ring(2, small, alpha, beta)
-            rows.append(dict(rank=rank, op="all_reduce", kind="collective", start=t, end=t + 1e-5,
-                             nbytes=small, blocking=False, done=done))
-            rows.append(dict(rank=rank, op="wait", kind="wait", start=t + 2e-5, end=done + 1e-5,
-                             of=len(rows) - 1))
-            t = done + 1e-5
-    events = [event(i, dict(row, index=i)) for i, row in enumerate(rows)]
-    return Trace.made(events, [event(-1, c) for c in compute], [0, 1], "made by ddplab.check")
-
-
-_FITS = [{"alpha": 9e-5, "beta": 5e-10}, {"alpha": 8e-6, "beta": 2.5e-11}, {"alpha": 4e-4, "beta": 2e-9}]
-
-
 def _per_op(tr: Any, ranks: tuple = (0,)) -> dict[str, float]:
     out: dict[str, float] = {}
     for e in tr.events:
@@ -357,8 +285,7 @@ def replay_growth(fn: Callable, lab: Any = None) -> None:
     ``tr`` is replayed at ``world_size`` ranks than when replayed at its own size, same fit."""
     __tracebackhide__ = True
     _need(fn, "replay_growth")
-    calls = [(_trace(2.5, 4096, 4 << 20), 8, _FITS[0]), (_trace(1.5, 1024, 16 << 20), 64, _FITS[1]),
-             (_trace(3.0, 64, 1 << 20), 16, _FITS[2])]
+    calls = replay_calls()
     for (tr, n, fit), got in zip(calls, _answers(fn, "replay_growth", calls)):
         expected = _growth(tr, n, fit)
         if _same(got, expected):
