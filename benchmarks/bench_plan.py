@@ -13,7 +13,8 @@ Side by side in one run:
 4. ``python -m ddplab.plan llm-1b`` at 8, 64 and 1024 ranks: wall time (goal < 60 s),
    CPU time, and the peak RSS of its processes (goal < 4 GB).
 
-Run: ``.venv/bin/python benchmarks/bench_plan.py [--steps 8]``. On a shared machine
+Run: ``.venv/bin/python benchmarks/bench_plan.py [--steps 8]``; ``--only-1b 3``: the 1B plan
+alone, three times. On a shared machine
 the wall times measure the neighbours too; the CPU times less so.
 """
 
@@ -111,7 +112,17 @@ def main() -> int:
     parser.add_argument("--model", default="toy", choices=["toy", "toy-wide"],
                         help="toy-wide: 2.25x the FLOPs per parameter row, so fixed costs weigh less")
     parser.add_argument("--skip-1b", action="store_true", help="leave out the 1B plan")
+    parser.add_argument("--only-1b", type=int, metavar="N", default=0,
+                        help="time only the 1B plan, N times (no labs)")
     args = parser.parse_args()
+    if args.only_1b:
+        for _ in range(args.only_1b):
+            load = os.getloadavg()[0]
+            plan = one_b_plan()
+            print(f"1B plan at 8/64/1024 ranks: {plan['wall']:.1f} s wall, {plan['cpu']:.1f} s CPU, "
+                  f"peak RSS {plan['rss_gb']:.2f} GB (load {load:.1f} -> {os.getloadavg()[0]:.1f})",
+                  flush=True)
+        return 0
     global TOY
     TOY = CONFIGS[args.model]
     print(f"load average at start: {os.getloadavg()}", flush=True)

@@ -174,3 +174,48 @@ def test_the_command_line_prints_a_plan():
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "toy: 0.0021B parameters" in done.stdout and "fastest that fits" in done.stdout
+
+
+# ------------------------------------------------------------ the child's changes to torch
+@pytest.mark.parametrize("size, n", [(10, 3), (10, 4), (3, 8), (1024, 1024), (7, 1), (2050, 64)])
+def test_fsdp_chunks_made_one_at_a_time_are_torchs(size, n):
+    """``patches.Chunks`` gives FSDP2 the chunk it asks for as torch.chunk (padded with empties to
+    n, as FSDP's ``_chunk_with_empty``) gives it: the same values, shape and strides."""
+    import torch
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+
+    from ddplab.plan.patches import Chunks
+
+    t = torch.arange(size * 3).view(size, 3)
+    want, got = _chunk_with_empty(t, n, 0), Chunks(t, n, 0)
+    assert len(got) == len(want) == n
+    for i in sorted({0, 1 % n, n // 2, n - 1, -1}):
+        assert got[i].shape == want[i].shape and got[i].stride() == want[i].stride(), i
+        assert torch.equal(got[i], want[i]), i
+    assert [c.shape for c in got[1:3]] == [c.shape for c in want[1:3]]
+
+
+def test_one_chunk_each_is_in_place_while_it_lasts():
+    """Not a silent fallback on this torch: FSDP2's chunking is swapped, then put back."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    from ddplab.plan.patches import Chunks, one_chunk_each
+
+    own = _fsdp_param._chunk_with_empty
+    with one_chunk_each():
+        import torch
+        assert isinstance(_fsdp_param._chunk_with_empty(torch.zeros(8, 2), 4, 0), Chunks)
+    assert _fsdp_param._chunk_with_empty is own
+
+
+@pytest.mark.slow
+def test_a_trace_with_fsdps_chunks_made_one_at_a_time_measures_the_same(monkeypatch):
+    """The plan at 16 ranks with ``one_chunk_each`` and with torch's own chunking: every number equal.
+    (fsdp: a tp+fsdp case's peak depends on what the process traced before, with either.)"""
+    import contextlib
+
+    from ddplab.plan import memory
+
+    fast = memory.trace(TOY, parse("fsdp"), 16)
+    monkeypatch.setattr(memory, "one_chunk_each", contextlib.nullcontext)
+    assert memory.trace(TOY, parse("fsdp"), 16) == fast

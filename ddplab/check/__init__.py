@@ -17,6 +17,7 @@ Notebooks call checkers through ``ddplab.check.``, so the two never collide.
 
 from . import (
                allreduce,
+               at_scale,
                build_ddp,
                build_sharded,
                byhand,
@@ -38,6 +39,7 @@ from . import (
 )
 from ._core import compare as compare, passed as passed, values_on_ranks as values_on_ranks
 from .allreduce import *  # noqa: F401,F403
+from .at_scale import *  # noqa: F401,F403
 from .build_ddp import *  # noqa: F401,F403
 from .build_sharded import *  # noqa: F401,F403
 from .byhand import *  # noqa: F401,F403
@@ -57,7 +59,8 @@ from .sharding_model import *  # noqa: F401,F403
 from .timeline import *  # noqa: F401,F403
 from .training import *  # noqa: F401,F403
 
-__all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *build_ddp.__all__,
+__all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *at_scale.__all__,
+                  *build_ddp.__all__,
                   *build_sharded.__all__, *byhand.__all__,
                   *checkpoints.__all__, *collectives.__all__, *debugging.__all__, *experts.__all__,
                   *launchers.__all__, *long_sequences.__all__,

@@ -33,19 +33,21 @@ Where torch cannot do it, the number says what it comes from (``source``):
   so its activations are the traced ones times min(P, microbatches).
 
 It runs in children (one per core, up to 4) so that the fake group never replaces a real lab's default
-process group in the notebook's kernel.
+process group in the notebook's kernel. What the children change in torch to trace fast, or at all
+(``ddplab.plan.patches``): a tracker that keeps the peak only, meshes joined with fake mode off,
+and of FSDP2's world_size chunks of each parameter only the ones it reads made.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from contextlib import contextmanager
 from functools import cache
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import DdplabError
 from .models import Config, stage
+from .patches import one_chunk_each, peak_only, real_meshes
 from .strategies import Strategy, parse
 
 __all__ = ["CATEGORIES", "flops", "main", "measure", "trace"]
@@ -97,7 +99,7 @@ def trace(config: Config, strategy: Strategy, world_size: int) -> dict[str, Any]
             if tp > 1:
                 _tensor_parallel(model, config, mesh["tp"])
             if strategy.data == "fsdp":
-                with _real_meshes():
+                with real_meshes(), one_chunk_each():
                     from torch.distributed.fsdp import fully_shard
                     for block in model.blocks:
                         fully_shard(block, mesh=mesh["dp"])
@@ -110,8 +112,8 @@ def trace(config: Config, strategy: Strategy, world_size: int) -> dict[str, Any]
                 parameter.grad = torch.zeros_like(parameter)
             optimizer.step()
             optimizer.zero_grad()
-            tracker = (_peak_only(FSDPMemTracker)(model, optimizer) if strategy.data == "fsdp"
-                       else _peak_only(MemTracker)())
+            tracker = (peak_only(FSDPMemTracker)(model, optimizer) if strategy.data == "fsdp"
+                       else peak_only(MemTracker)())
             if strategy.data != "fsdp":
                 tracker.track_external(model, optimizer)
             with tracker:
@@ -160,44 +162,6 @@ def flops(config: Config, strategy: Strategy, world_size: int) -> int:
             stage(model, 0, config.layers // strategy.pp)
         model(config.batch_for(config.batch // microbatches)).float().sum().backward()
     return int(counter.get_total_flops())
-
-
-def _peak_only(tracker: type) -> type:
-    """torch's tracker, keeping the rank's peak only. On every op the stock one also walks every
-    module for its own peak (``_update_peak_stats``): most of a 1B plan's time, for numbers the
-    plan never reads. Where torch's internals are not as expected, the stock tracker."""
-    if not all(hasattr(tracker, name) for name in ("_update_peak_stats", "get_tracker_snapshot")):
-        return tracker
-
-    class PeakOnly(tracker):
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            for device, snapshot in self._curr_mem_snap.items():
-                if self._peak_mem.get(device, 0) < snapshot["Total"]:
-                    self._peak_mem[device] = snapshot["Total"]
-                    self._peak_mem_snap[device] = dict(snapshot)
-
-    return PeakOnly
-
-
-@contextmanager
-def _real_meshes() -> Iterator[None]:
-    """FSDP over tp joins the two meshes into one (``DeviceMesh._concatenate``, once per
-    parameter), which reads the mesh's rank table with tensor ops; under FakeTensorMode those
-    fail (``aten.nonzero``). Joined with fake mode off, in this throwaway child only."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.distributed.device_mesh import DeviceMesh
-
-    join = DeviceMesh.__dict__["_concatenate"]
-
-    def joined(meshes):
-        with unset_fake_temporarily():
-            return join.__func__(meshes)
-
-    DeviceMesh._concatenate = staticmethod(joined)
-    try:
-        yield
-    finally:
-        DeviceMesh._concatenate = join
 
 
 def _tensor_parallel(model: Any, config: Config, mesh: Any) -> None:
