@@ -183,8 +183,11 @@ def test_accumulate_accepts_no_sync(fresh_lab, capsys):
 
 @pytest.mark.parametrize("edit,needle", [
     (("if i < len(batches) - 1:", "if False:"), "every one of the 4 backwards all_reduced"),
-    (("/ len(batches)", "/ 1"), "4 times too large"),
-    (("    optimizer.step()\n", ""), "the weights after the step"),
+    (("/ len(batches)", "/ 1"), "your gradients are 4.00× the expected: you summed over the 4"),
+    (("/ len(batches)", "/ len(batches) ** 2"), "0.25× the expected: the mean was taken twice"),
+    (("    for i, (x, y) in enumerate(batches):\n", "    for i, (x, y) in enumerate(batches):\n"
+      "        optimizer.zero_grad()\n"), "not a multiple of the expected one"),
+    (("    optimizer.step()\n", ""), "the weights did not move"),
 ])
 def test_accumulate_rejects(fresh_lab, edit, needle):
     source = ACCUMULATE.replace(*edit)

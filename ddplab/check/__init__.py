@@ -28,6 +28,7 @@ from . import (
                p2p,
                pipelines,
                precision,
+               resume,
                samplers,
                setup,
                sharding_model,
@@ -47,6 +48,7 @@ from .multinode import *  # noqa: F401,F403
 from .p2p import *  # noqa: F401,F403
 from .pipelines import *  # noqa: F401,F403
 from .precision import *  # noqa: F401,F403
+from .resume import *  # noqa: F401,F403
 from .samplers import *  # noqa: F401,F403
 from .setup import *  # noqa: F401,F403
 from .sharding_model import *  # noqa: F401,F403
@@ -56,6 +58,7 @@ from .training import *  # noqa: F401,F403
 __all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *build_ddp.__all__,
                   *build_sharded.__all__, *byhand.__all__,
                   *checkpoints.__all__, *collectives.__all__, *debugging.__all__, *launchers.__all__,
-                  *multinode.__all__, *p2p.__all__, *pipelines.__all__, *precision.__all__, *setup.__all__,
+                  *multinode.__all__, *p2p.__all__, *pipelines.__all__, *precision.__all__, *resume.__all__,
+                  *setup.__all__,
                   *samplers.__all__, *sharding_model.__all__,
                   *timeline.__all__, *training.__all__])
