@@ -186,7 +186,11 @@ def train_state(lab: Any = None) -> None:
                  "the side (torch.save) is not in the checkpoint DCP loads, reshards or checks.")
     parts = [s["parts"] for s in saved]
     missing = sorted(set(PARTS) - set(parts[0]))
-    if "scheduler" in missing:
+    if {"model", "optim"} & set(missing):
+        hint = ("the model's or the optimizer's state is not in the checkpoint: return them from "
+                "state_dict() (get_state_dict(self.model, self.optimizer)) and let DCP write them; "
+                "a file saved on the side is no part of what dcp.load reads back.")
+    elif "scheduler" in missing:
         hint = ("the LR scheduler's state is missing: without it the resumed run starts the "
                 "schedule over at the first LR. Save scheduler.state_dict() under 'scheduler'.")
     elif {"epoch", "step"} & set(missing):
