@@ -21,6 +21,7 @@ from . import (
                build_sharded,
                byhand,
                checkpoints,
+               clipping,
                collectives,
                debugging,
                launchers,
@@ -41,6 +42,7 @@ from .build_ddp import *  # noqa: F401,F403
 from .build_sharded import *  # noqa: F401,F403
 from .byhand import *  # noqa: F401,F403
 from .checkpoints import *  # noqa: F401,F403
+from .clipping import *  # noqa: F401,F403
 from .collectives import *  # noqa: F401,F403
 from .debugging import *  # noqa: F401,F403
 from .launchers import *  # noqa: F401,F403
@@ -57,7 +59,8 @@ from .training import *  # noqa: F401,F403
 
 __all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *build_ddp.__all__,
                   *build_sharded.__all__, *byhand.__all__,
-                  *checkpoints.__all__, *collectives.__all__, *debugging.__all__, *launchers.__all__,
+                  *checkpoints.__all__, *clipping.__all__, *collectives.__all__, *debugging.__all__,
+                  *launchers.__all__,
                   *multinode.__all__, *p2p.__all__, *pipelines.__all__, *precision.__all__, *resume.__all__,
                   *setup.__all__,
                   *samplers.__all__, *sharding_model.__all__,
