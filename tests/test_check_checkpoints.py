@@ -241,3 +241,37 @@ def test_train_state_rejects(fresh_lab, edit, needle):
     assert source != STATE
     fresh_lab.run_cell(source)
     fails(ddplab.check.train_state, needle)
+
+
+# ------------------------------------------------------------- torchrun_resume
+RESUME = IMPORTS + """
+def resume(folder, model, optimizer):
+    done = [int(name[5:]) for name in os.listdir(folder)
+            if name.startswith("epoch") and os.path.exists(os.path.join(folder, name, ".metadata"))]
+    if not done:
+        return 0
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state, "epoch": 0}
+    dcp.load(state, checkpoint_id=os.path.join(folder, f"epoch{max(done)}"))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["epoch"]
+"""
+
+
+def test_torchrun_resume_accepts_the_newest_complete_checkpoint(fresh_lab, capsys):
+    fresh_lab.run_cell(RESUME)
+    ddplab.check.torchrun_resume()
+    assert last_line(capsys).startswith("Correct: killed and restarted by torchrun, the job resumed")
+
+
+@pytest.mark.parametrize("edit,needle", [
+    # the bypass: every attempt starts over (the weights end the same)
+    (("    if not done:\n", "    if True:\n"), "started over at epoch 0"),
+    # the newest folder, complete or not: the save that died
+    ((' and os.path.exists(os.path.join(folder, name, ".metadata"))', ""), "a save that died"),
+])
+def test_torchrun_resume_rejects(fresh_lab, edit, needle):
+    source = RESUME.replace(*edit)
+    assert source != RESUME
+    fresh_lab.run_cell(source)
+    fails(ddplab.check.torchrun_resume, needle)

@@ -24,6 +24,7 @@ from . import (
                clipping,
                collectives,
                debugging,
+               elastic,
                launchers,
                multinode,
                p2p,
@@ -45,6 +46,7 @@ from .checkpoints import *  # noqa: F401,F403
 from .clipping import *  # noqa: F401,F403
 from .collectives import *  # noqa: F401,F403
 from .debugging import *  # noqa: F401,F403
+from .elastic import *  # noqa: F401,F403
 from .launchers import *  # noqa: F401,F403
 from .multinode import *  # noqa: F401,F403
 from .p2p import *  # noqa: F401,F403
@@ -60,6 +62,7 @@ from .training import *  # noqa: F401,F403
 __all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *build_ddp.__all__,
                   *build_sharded.__all__, *byhand.__all__,
                   *checkpoints.__all__, *clipping.__all__, *collectives.__all__, *debugging.__all__,
+                  *elastic.__all__,
                   *launchers.__all__,
                   *multinode.__all__, *p2p.__all__, *pipelines.__all__, *precision.__all__, *resume.__all__,
                   *setup.__all__,
