@@ -8,7 +8,9 @@
   epoch 2 of the first attempt, and the folder already holds an ``epoch3``
   whose save died (its ``.distcp`` without ``.metadata``). The second attempt
   must resume at epoch 2, not start over, and the job must end with the
-  weights of an uninterrupted run on the lab's ranks.
+  weights of an uninterrupted run on the lab's ranks. First, in a second and
+  on the lab's ranks, ``resume`` is tried on a folder of two complete
+  checkpoints and a dead one: most mistakes are named there, before any job.
 
 torchrun is started from rank 0 of the lab, where the student's code already
 runs: the function goes to the job's workers pickled by value (cloudpickle).
@@ -107,6 +109,54 @@ def reference_resume(folder: str, model: Any, optimizer: Any) -> int:
 
 
 # ------------------------------------------------------------------ on a rank
+def _in_lab(folder: str) -> dict:
+    """On every rank, before any torchrun: resume on a folder of two complete checkpoints and one
+    whose save died. A mistake found here costs a second, not a job."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddplab.rank.engine import namespace
+    from ddplab.sharding import full_weights, mlp, train_steps
+
+    student = namespace().get("resume")
+    if not callable(student):
+        return {"missing": True}
+    for epoch in (1, 2):
+        model = DDP(mlp(seed=epoch, dtype=torch.float64))
+        adam = torch.optim.Adam(model.parameters(), lr=1e-2)
+        train_steps(model, adam, steps=1, dtype=torch.float64)
+        model_state, optim_state = get_state_dict(model, adam)
+        dcp.save({"model": model_state, "optim": optim_state, "epoch": epoch},
+                 checkpoint_id=os.path.join(folder, f"epoch{epoch}"))
+    saved = full_weights(model)
+    if dist.get_rank() == 0:
+        _dead_save(folder)
+    dist.barrier()
+    model = DDP(mlp(seed=7, dtype=torch.float64))
+    adam = torch.optim.Adam(model.parameters(), lr=1e-2)
+    try:
+        start = student(folder, model, adam)
+    except (Exception, CheckpointException) as exc:    # named below (DCP's is a BaseException)
+        text = str(exc)
+        last = [line.strip() for line in text.splitlines() if line.strip()][-1:] or [""]
+        return {"missing": False, "raised": f"{type(exc).__name__}: {last[0][:160]}",
+                "metadata": ".metadata" in text}
+    return {"missing": False, "raised": None, "start": start if isinstance(start, int) else repr(start),
+            "weights": bool((full_weights(model) - saved).abs().max().item() == 0)}
+
+
+def _dead_save(folder: str) -> None:
+    """A checkpoint folder as a save killed while writing leaves it: data, no .metadata."""
+    dead = os.path.join(folder, f"epoch{KILL_EPOCH + 1}")
+    os.makedirs(dead, exist_ok=True)
+    with open(os.path.join(dead, "__0_0.distcp"), "wb") as f:
+        f.write(b"\0" * 64)
+
+
 def _job(folder: str) -> dict:
     """On rank 0: the job under torchrun with the student's resume; its attempts and lines."""
     import cloudpickle
@@ -122,10 +172,7 @@ def _job(folder: str) -> dict:
     script = os.path.join(folder, "resume_train.py")
     with open(script, "w") as f:
         f.write(SCRIPT.format(epochs=EPOCHS, kill_epoch=KILL_EPOCH))
-    dead = os.path.join(folder, "checkpoints", f"epoch{KILL_EPOCH + 1}")    # a save that died
-    os.makedirs(dead)
-    with open(os.path.join(dead, "__0_0.distcp"), "wb") as f:
-        f.write(b"\0" * 64)
+    _dead_save(os.path.join(folder, "checkpoints"))
     result = launch.torchrun(script, nproc_per_node=2, max_restarts=1, timeout=_TIMEOUT - 40,
                              check=False)
     lines = {rank: [line for line in text.splitlines() if line.startswith("attempt ")]
@@ -151,6 +198,37 @@ def _uninterrupted(folder: str) -> Any:
 
 
 # --------------------------------------------------------------------- the check
+def _check_in_lab(lab: Any, folder: str) -> None:
+    __tracebackhide__ = True
+    n = lab.world_size
+    got = run_student_code("resume(...)", _in_lab, folder, lab=lab, timeout=_TIMEOUT,
+                           hint="dcp.load and set_state_dict are collectives: every rank calls them.")
+    if got[0]["missing"]:
+        raise AssertionError("no function `resume` on the ranks. Run the exercise cell above "
+                             "(%%ranks) and keep the name `resume`.")
+    raised = [g["raised"] for g in got]
+    dead = f"epoch{KILL_EPOCH + 1}"
+    if any(g.get("metadata") for g in got):
+        hint = (f"dcp.load failed on a folder without .metadata ({dead}: a save that died while "
+                f"writing). Take the newest *complete* checkpoint: DCP writes .metadata last.")
+    else:
+        hint = f"resume raised: {next((r for r in raised if r), '')}"
+    compare("resume(...) on a folder holding epoch1, epoch2 and a dead epoch3 ran without an error",
+            [None] * n, raised, hint=hint)
+    starts = [g["start"] for g in got]
+    compare(f"the epoch resume returned for epoch1, epoch2 and {dead} (no .metadata)", [2] * n, starts,
+            hint=(f"{dead} has no .metadata: its save died. Only a folder with .metadata is a "
+                  f"checkpoint." if starts[0] == KILL_EPOCH + 1 else
+                  "with complete checkpoints in the folder, a job that started over at epoch 0 is a "
+                  "new run, not a resumed one: load the newest and return its epoch."
+                  if starts[0] == 0 else
+                  "return the saved 'epoch' of the checkpoint you loaded (it comes back in the dict "
+                  "you dcp.load into)."))
+    compare("the model's weights after resume, equal to epoch2's", [True] * n,
+            [g["weights"] for g in got],
+            hint="load epoch2 into the model and optimizer: get_state_dict, dcp.load, set_state_dict.")
+
+
 def torchrun_resume(lab: Any = None) -> None:
     """Check ``resume(folder, model, optimizer)`` in a job killed and restarted by torchrun."""
     __tracebackhide__ = True
@@ -162,11 +240,9 @@ def torchrun_resume(lab: Any = None) -> None:
     lab = lab_or_current(lab)
     folder = tempfile.mkdtemp(prefix="ddplab-check-elastic-")
     try:
+        _check_in_lab(lab, os.path.join(folder, "in-lab"))
         job = run_student_code("the torchrun job with resume(...)", _job, folder, lab=lab,
                                timeout=_TIMEOUT, hint="", ranks=[0])[0]
-        if job["missing"]:
-            raise AssertionError("no function `resume` on rank 0. Run the exercise cell above "
-                                 "(%%ranks) and keep the name `resume`.")
         expected = ["attempt 0: resumed at epoch 0", f"attempt 1: resumed at epoch {KILL_EPOCH}"]
         got_lines = [job["lines"].get(rank, []) for rank in (0, 1)]
         if not job["ok"]:
