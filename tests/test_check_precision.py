@@ -255,6 +255,13 @@ def test_clip_sharded_rejects(fresh_lab, edit, needle):
     fails(ddplab.check.clip_sharded, needle)
 
 
+def test_clip_sharded_counts_an_all_reduce_imported_under_another_name(fresh_lab, capsys):
+    fresh_lab.run_cell(CLIP.replace("    dist.all_reduce(total)\n", "    reduce_all(total)\n")
+                       + "from torch.distributed import all_reduce as reduce_all\n")
+    ddplab.check.clip_sharded()
+    assert last_line(capsys).startswith("Correct: clip_sharded computes the global norm")
+
+
 def test_clip_sharded_names_a_norm_of_one_shard_by_its_ratio(fresh_lab):
     """Each rank's own norm, no all_reduce: the check's one count fails first, so count it away."""
     fresh_lab.run_cell(CLIP.replace("    dist.all_reduce(total)\n", "    dist.all_reduce(total * 0)\n"))

@@ -29,19 +29,23 @@ def _counted(student: Callable, model: Any, max_norm: float) -> tuple[Any, int]:
 
     from ddplab.check._forbid import refusing_library
 
-    real, calls = dist.all_reduce, [0]
+    # Counted where every all_reduce goes (the process group's method), not at dist.all_reduce:
+    # `from torch.distributed import all_reduce` before the check holds the function itself.
+    group, calls = dist.ProcessGroup, [0]
+    raw = group.__dict__["allreduce"]                 # the raw descriptor: restoring it keeps binding
+    call = group.allreduce
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
-        return real(*args, **kwargs)
+        return call(self, *args, **kwargs)
 
-    dist.all_reduce = counting
+    group.allreduce = counting
     try:
         with refusing_library(("clip_grad_norm_",), "clip_sharded",
                               builds="gradient clipping across shards"):
             got = student(model, max_norm)
     finally:
-        dist.all_reduce = real
+        group.allreduce = raw
     return got, calls[0]
 
 
