@@ -23,8 +23,8 @@
 See ``ddplab.lab`` for the lab's lifecycle and its failure modes.
 
 Teaching modules, the top-level modules notebooks may import (``from ddplab import train``),
-in the kernel or on the ranks: ``algorithms``, ``attention``, ``bench``, ``data``, ``env``, ``hints``
-(``ddplab.hint``, ``ddplab.solution``), ``hosts``, ``launch``, ``memory``, ``moe``, ``pipeline``,
+in the kernel or on the ranks: ``algorithms``, ``attention``, ``bench``, ``checkpointing``, ``data``, ``env``,
+``hints`` (``ddplab.hint``, ``ddplab.solution``), ``hosts``, ``launch``, ``memory``, ``moe``, ``pipeline``,
 ``plan`` (``ddplab.plan(...)``: memory and step time per strategy before the machines),
 ``progress``, ``sharding``, ``show``, ``train``.
 

@@ -192,3 +192,86 @@ def async_checkpoint(path, model, optimizer, epoch):
 def test_async_checkpoint_rejects_a_blocking_save(fresh_lab):
     fresh_lab.run_cell(ASYNC.replace("return dcp.async_save", "dcp.save"))
     fails(ddplab.check.async_checkpoint, "returned a concurrent.futures.Future", "dcp.async_save")
+
+
+# ------------------------------------------------------------------ train_state
+STATE = IMPORTS + """
+from torch.distributed.checkpoint.stateful import Stateful
+
+class TrainState(Stateful):
+    def __init__(self, model, optimizer, scheduler):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.epoch, self.step = 0, 0
+
+    def state_dict(self):
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optim_state, "scheduler": self.scheduler.state_dict(),
+                "epoch": self.epoch, "step": self.step}
+
+    def load_state_dict(self, state):
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch, self.step = state["epoch"], state["step"]
+"""
+
+
+def test_train_state_accepts_a_stateful_of_every_part(fresh_lab, capsys):
+    fresh_lab.run_cell(STATE)
+    ddplab.check.train_state()
+    assert last_line(capsys).startswith("Correct: TrainState goes through DCP whole")
+
+
+@pytest.mark.parametrize("edit,needle", [
+    # the bypass: load nothing, so the run trains again from the start
+    (('        self.epoch, self.step = state["epoch"], state["step"]\n', "        pass\n"),
+     "does not resume"),
+    (('"scheduler": self.scheduler.state_dict(),', ""), "the LR scheduler's state is missing"),
+    (('        self.scheduler.load_state_dict(state["scheduler"])\n', ""),
+     "every step after dcp.load"),
+    # pickled by hand beside the checkpoint, DCP given the position only
+    (('        model_state, optim_state = get_state_dict(self.model, self.optimizer)\n'
+      '        return {"model": model_state, "optim": optim_state, "scheduler": '
+      'self.scheduler.state_dict(),\n',
+      '        torch.save(self.model.state_dict(), os.path.join(os.environ["TMPDIR"], '
+      'f"side{dist.get_rank()}.pt"))\n        return {'), "let DCP write them"),
+])
+def test_train_state_rejects(fresh_lab, edit, needle):
+    source = STATE.replace(*edit)
+    assert source != STATE
+    fresh_lab.run_cell(source)
+    fails(ddplab.check.train_state, needle)
+
+
+# ------------------------------------------------------------- torchrun_resume
+RESUME = IMPORTS + """
+def resume(folder, model, optimizer):
+    done = [int(name[5:]) for name in os.listdir(folder)
+            if name.startswith("epoch") and os.path.exists(os.path.join(folder, name, ".metadata"))]
+    if not done:
+        return 0
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state, "epoch": 0}
+    dcp.load(state, checkpoint_id=os.path.join(folder, f"epoch{max(done)}"))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["epoch"]
+"""
+
+
+def test_torchrun_resume_accepts_the_newest_complete_checkpoint(fresh_lab, capsys):
+    fresh_lab.run_cell(RESUME)
+    ddplab.check.torchrun_resume()
+    assert last_line(capsys).startswith("Correct: killed and restarted by torchrun, the job resumed")
+
+
+@pytest.mark.parametrize("edit,needle", [
+    # the bypass: every attempt starts over (the weights end the same)
+    (("    if not done:\n", "    if True:\n"), "started over at epoch 0"),
+    # the newest folder, complete or not: the save that died
+    ((' and os.path.exists(os.path.join(folder, name, ".metadata"))', ""), "a save that died"),
+])
+def test_torchrun_resume_rejects(fresh_lab, edit, needle):
+    source = RESUME.replace(*edit)
+    assert source != RESUME
+    fresh_lab.run_cell(source)
+    fails(ddplab.check.torchrun_resume, needle)

@@ -183,8 +183,11 @@ def test_accumulate_accepts_no_sync(fresh_lab, capsys):
 
 @pytest.mark.parametrize("edit,needle", [
     (("if i < len(batches) - 1:", "if False:"), "every one of the 4 backwards all_reduced"),
-    (("/ len(batches)", "/ 1"), "4 times too large"),
-    (("    optimizer.step()\n", ""), "the weights after the step"),
+    (("/ len(batches)", "/ 1"), "your gradients are 4.00× the expected: you summed over the 4"),
+    (("/ len(batches)", "/ len(batches) ** 2"), "0.25× the expected: the mean was taken twice"),
+    (("    for i, (x, y) in enumerate(batches):\n", "    for i, (x, y) in enumerate(batches):\n"
+      "        optimizer.zero_grad()\n"), "not a multiple of the expected one"),
+    (("    optimizer.step()\n", ""), "the weights did not move"),
 ])
 def test_accumulate_rejects(fresh_lab, edit, needle):
     source = ACCUMULATE.replace(*edit)
@@ -211,3 +214,55 @@ def test_accumulate_rejects_no_sync_around_backward_only(fresh_lab):
     assert BACKWARD_ONLY != ACCUMULATE
     fresh_lab.run_cell(BACKWARD_ONLY)
     fails(ddplab.check.accumulate, "every one of the 4 backwards all_reduced", "the forward too")
+
+
+# ---------------------------------------------------------------- clip_sharded
+CLIP = IMPORTS + """
+def clip_sharded(model, max_norm):
+    shards = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
+    total = torch.stack([(g * g).sum() for g in shards]).sum()
+    dist.all_reduce(total)
+    norm = total.sqrt()
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in shards:
+        g.mul_(coef)
+    return norm.item()
+"""
+
+
+def test_clip_sharded_accepts_one_all_reduce_of_the_squares(fresh_lab, capsys):
+    fresh_lab.run_cell(CLIP)
+    ddplab.check.clip_sharded()
+    assert last_line(capsys).startswith("Correct: clip_sharded computes the global norm")
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (("    dist.all_reduce(total)\n", ""), "not one per parameter, and not none"),
+    (("    total = torch.stack([(g * g).sum() for g in shards]).sum()\n    dist.all_reduce(total)\n"
+      "    norm = total.sqrt()\n",
+      "    norm = torch.stack([(g * g).sum() for g in shards]).sum().sqrt()\n    dist.all_reduce(norm)\n"),
+     "norms do not add up"),
+    # the shortcut: torch's own, which reduces across the shards itself
+    (("    shards = [", "    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()\n"
+                     "    shards = ["), "may not use clip_grad_norm_"),
+    (("    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)\n", "    coef = max_norm / (norm + 1e-6)\n"),
+     "the coefficient is clamped to 1"),
+])
+def test_clip_sharded_rejects(fresh_lab, edit, needle):
+    source = CLIP.replace(*edit)
+    assert source != CLIP
+    fresh_lab.run_cell(source)
+    fails(ddplab.check.clip_sharded, needle)
+
+
+def test_clip_sharded_counts_an_all_reduce_imported_under_another_name(fresh_lab, capsys):
+    fresh_lab.run_cell(CLIP.replace("    dist.all_reduce(total)\n", "    reduce_all(total)\n")
+                       + "from torch.distributed import all_reduce as reduce_all\n")
+    ddplab.check.clip_sharded()
+    assert last_line(capsys).startswith("Correct: clip_sharded computes the global norm")
+
+
+def test_clip_sharded_names_a_norm_of_one_shard_by_its_ratio(fresh_lab):
+    """Each rank's own norm, no all_reduce: the check's one count fails first, so count it away."""
+    fresh_lab.run_cell(CLIP.replace("    dist.all_reduce(total)\n", "    dist.all_reduce(total * 0)\n"))
+    fails(ddplab.check.clip_sharded, "the global one: it is one shard's only")

@@ -22,8 +22,10 @@ from . import (
                build_sharded,
                byhand,
                checkpoints,
+               clipping,
                collectives,
                debugging,
+               elastic,
                experts,
                launchers,
                long_sequences,
@@ -31,6 +33,7 @@ from . import (
                p2p,
                pipelines,
                precision,
+               resume,
                samplers,
                setup,
                sharding_model,
@@ -44,8 +47,10 @@ from .build_ddp import *  # noqa: F401,F403
 from .build_sharded import *  # noqa: F401,F403
 from .byhand import *  # noqa: F401,F403
 from .checkpoints import *  # noqa: F401,F403
+from .clipping import *  # noqa: F401,F403
 from .collectives import *  # noqa: F401,F403
 from .debugging import *  # noqa: F401,F403
+from .elastic import *  # noqa: F401,F403
 from .experts import *  # noqa: F401,F403
 from .launchers import *  # noqa: F401,F403
 from .long_sequences import *  # noqa: F401,F403
@@ -53,6 +58,7 @@ from .multinode import *  # noqa: F401,F403
 from .p2p import *  # noqa: F401,F403
 from .pipelines import *  # noqa: F401,F403
 from .precision import *  # noqa: F401,F403
+from .resume import *  # noqa: F401,F403
 from .samplers import *  # noqa: F401,F403
 from .setup import *  # noqa: F401,F403
 from .sharding_model import *  # noqa: F401,F403
@@ -62,8 +68,9 @@ from .training import *  # noqa: F401,F403
 __all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *at_scale.__all__,
                   *build_ddp.__all__,
                   *build_sharded.__all__, *byhand.__all__,
-                  *checkpoints.__all__, *collectives.__all__, *debugging.__all__, *experts.__all__,
-                  *launchers.__all__, *long_sequences.__all__,
-                  *multinode.__all__, *p2p.__all__, *pipelines.__all__, *precision.__all__, *setup.__all__,
+                  *checkpoints.__all__, *clipping.__all__, *collectives.__all__, *debugging.__all__,
+                  *elastic.__all__, *experts.__all__, *launchers.__all__, *long_sequences.__all__,
+                  *multinode.__all__, *p2p.__all__, *pipelines.__all__, *precision.__all__, *resume.__all__,
+                  *setup.__all__,
                   *samplers.__all__, *sharding_model.__all__,
                   *timeline.__all__, *training.__all__])

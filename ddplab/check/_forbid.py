@@ -76,6 +76,9 @@ _FUNCTIONS = {
     "torch's compression hooks": tuple((_HOOKS, name) for name in (
         "_compress_hook", "fp16_compress_hook", "bf16_compress_hook",
         "fp16_compress_wrapper", "bf16_compress_wrapper")),
+    # torch.nn.utils.clip_grad_norm_ and its parts (DTensor-aware: they reduce across shards)
+    "clip_grad_norm_": tuple(("torch.nn.utils.clip_grad", name) for name in (
+        "clip_grad_norm_", "_get_total_norm", "_clip_grads_with_norm_")),
 }
 #: Every library ``refusing_library`` knows.
 LIBRARY = (*_CLASSES, *_FUNCTIONS)
@@ -215,6 +218,8 @@ def refusing_library(names: tuple[str, ...], exercise: str, builds: str) -> Iter
                 cls.__init__ = _library_refusal(name, exercise, builds)
             for module, function_name in _FUNCTIONS.get(name, ()):
                 function = getattr(importlib.import_module(module), function_name)
+                # a decorated function (clip_grad's _no_grad) calls the one it wraps: swap that
+                function = getattr(function, "__wrapped__", function)
                 codes.append((function, function.__code__))
                 function.__code__ = _refusing_code(function, name)
             _REFUSING[name] = (exercise, builds)

@@ -50,28 +50,13 @@ class _Folder:
 
 
 # ------------------------------------------------------------------ on a rank
-def _quiet() -> None:
-    import warnings
-
-    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
-
-
 def _fsdp(seed: int) -> tuple[Any, Any]:
     """On a rank: notebook 08's MLP under fully_shard (every Linear, then the root) and its Adam."""
     import torch
-    from torch import nn
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
-    from ddplab.sharding import mlp
+    from ddplab.checkpointing import fsdp_mlp
 
-    _quiet()
-    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
-    model = mlp(seed=seed, dtype=torch.float64)
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = fsdp_mlp(seed=seed)
     return model, torch.optim.Adam(model.parameters(), lr=1e-2)
 
 

@@ -14,7 +14,8 @@
 - ``accumulate()``: ``accumulate(ddp, optimizer, batches)`` takes one step over
   several micro-batches with ``ddp.no_sync()`` for all but the last: one round
   of gradient all_reduces (counted on the timeline), and the weights of one
-  step on the whole batch.
+  step on the whole batch; a wrong step is named by the ratio of its update to
+  the expected one (4x: summed over the micro-batches without dividing).
 
 The expected answers come from torch itself on the same ranks (the plain
 model, a float32 all_reduce, one big batch), never from stored numbers.
@@ -268,13 +269,41 @@ def _accumulate_run(student: Callable | None) -> dict:
         return {"weights": None}
     batches = [(mine[0][i * MICRO_SIZE:(i + 1) * MICRO_SIZE], mine[1][i * MICRO_SIZE:(i + 1) * MICRO_SIZE])
                for i in range(MICRO)]
+    before = _weights(ddp).clone()
     student(ddp, sgd, batches)
     # the reference: one process, one step on the whole global batch (the mean over every sample)
     one = mlp(seed=3, dtype=torch.float64)
     ref = torch.optim.SGD(one.parameters(), lr=0.5)
     F.cross_entropy(one(images), labels).backward()
     ref.step()
-    return {"gap": (_weights(ddp) - _weights(one)).abs().max().item()}
+    # An SGD update is -lr times the gradient: the student's update over the expected one is the
+    # ratio of their gradients, the number that names the mistake (4x: summed, not divided).
+    got, expected = _weights(ddp) - before, _weights(one) - before
+    ratio = float((got * expected).sum() / (expected * expected).sum())
+    return {"gap": (_weights(ddp) - _weights(one)).abs().max().item(), "ratio": ratio,
+            "scaled": bool(torch.allclose(got, ratio * expected, rtol=1e-9, atol=1e-12))}
+
+
+def _ratio_hint(ratio: float, scaled: bool, world: int) -> str:
+    """What the ratio of the student's update to the expected one says about the mistake."""
+    if not scaled:
+        return ("your update is not a multiple of the expected one: the micro-batches' gradients were "
+                "not all summed into one step (a zero_grad or an optimizer.step inside the loop?). "
+                "Zero once before the loop, step once after it.")
+    said = f"your gradients are {ratio:.2f}× the expected"
+    if abs(ratio - MICRO) < 1e-6:
+        return (f"{said}: you summed over the {MICRO} micro-batches without dividing. Scale each "
+                f"micro-batch's loss by 1 / len(batches): the batch's loss is their mean.")
+    if abs(ratio - 1 / MICRO) < 1e-6:
+        return (f"{said}: the mean was taken twice. Divide each micro-batch's loss by "
+                f"len(batches) once, and nothing else.")
+    if abs(ratio - world) < 1e-6 or abs(ratio - 1 / world) < 1e-6:
+        return (f"{said}, a factor of the world size ({world}): DDP already averages over the ranks; "
+                f"do not multiply or divide by the world size.")
+    if abs(ratio) < 1e-12:
+        return "the weights did not move: call optimizer.step() once, after the loop."
+    return (f"{said}: scale each micro-batch's loss by 1 / len(batches), no other factor, "
+            f"and step once.")
 
 
 def _all_reduces(trace: Any, rank: int) -> int:
@@ -313,11 +342,7 @@ def accumulate(lab: Any = None) -> None:
             hint="a forward and a backward per micro-batch: one backward over all of them at once is "
                  "one larger batch, and needs the activation memory that accumulation exists to save.")
     gaps = [g["gap"] for g in got]
-    scaled = " (a gradient " + f"{MICRO} times too large? divide each micro-batch's loss by len(batches))"
     compare("the weights after the step equal one step on the whole batch (to 1e-12)", [True] * n,
-            [gap <= 1e-12 for gap in gaps],
-            hint="zero the gradients once, before the loop; scale each micro-batch's loss by "
-                 "1 / len(batches) so that the summed gradients are the mean; step once, after "
-                 "the loop" + scaled + ".")
+            [gap <= 1e-12 for gap in gaps], hint=_ratio_hint(got[0]["ratio"], got[0]["scaled"], n))
     passed(f"{MICRO} micro-batches, one round of all_reduce, and the weights of one step on the "
            f"whole batch.")

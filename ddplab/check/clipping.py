@@ -1,0 +1,125 @@
+"""Checker for notebook 11's gradient clipping across FSDP2 shards.
+
+- ``clip_sharded()``: ``clip_sharded(model, max_norm)`` clips the gradients of
+  an FSDP2 model (each rank holds a shard of every gradient) by their *global*
+  norm, computed from each rank's sum of squares with one ``dist.all_reduce``,
+  and returns that norm. Compared, in float64, with ``clip_grad_norm_`` on one
+  process over the whole batch (to 1e-10); torch's ``clip_grad_norm_``, which
+  knows DTensors, is refused for the student's call. A wrong norm is named by
+  its ratio to the right one (one shard's only, or the norms added instead of
+  the squares).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ._core import compare, lab_or_current, passed, run_student_function
+
+__all__ = ["clip_sharded"]
+
+_TIMEOUT = 60.0
+#: max_norm as a fraction of the true norm: one that clips, one that does not.
+FRACTIONS = (0.25, 4.0)
+
+
+def _counted(student: Callable, model: Any, max_norm: float) -> tuple[Any, int]:
+    """On a rank: the student's call, torch's clipping refused, its dist.all_reduce calls counted."""
+    import torch.distributed as dist
+
+    from ddplab.check._forbid import refusing_library
+
+    # Counted where every all_reduce goes (the process group's method), not at dist.all_reduce:
+    # `from torch.distributed import all_reduce` before the check holds the function itself.
+    group, calls = dist.ProcessGroup, [0]
+    raw = group.__dict__["allreduce"]                 # the raw descriptor: restoring it keeps binding
+    call = group.allreduce
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return call(self, *args, **kwargs)
+
+    group.allreduce = counting
+    try:
+        with refusing_library(("clip_grad_norm_",), "clip_sharded",
+                              builds="gradient clipping across shards"):
+            got = student(model, max_norm)
+    finally:
+        group.allreduce = raw
+    return got, calls[0]
+
+
+def _answers(student: Callable) -> list[dict]:
+    """On a rank: per max_norm, the student's norm and clipped gradients against one process's."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from ddplab.checkpointing import fsdp_mlp
+    from ddplab.sharding import digits_batch, mlp
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    images, labels = digits_batch(16 * world, start=24, dtype=torch.float64)
+    out = []
+    for fraction in FRACTIONS:
+        one = mlp(seed=4, dtype=torch.float64)
+        F.cross_entropy(one(images), labels).backward()
+        norm = torch.nn.utils.clip_grad_norm_(one.parameters(), float("inf")).item()   # clips nothing
+        expected = torch.nn.utils.clip_grad_norm_(one.parameters(), fraction * norm).item()
+        model = fsdp_mlp(seed=4)
+        x, y = images[16 * rank:16 * (rank + 1)], labels[16 * rank:16 * (rank + 1)]
+        F.cross_entropy(model(x), y).backward()        # FSDP2: each rank its shard of the mean gradient
+        got, calls = _counted(student, model, fraction * norm)
+        grads = [p.grad.full_tensor() for p in model.parameters()]     # every rank calls it
+        one_value = isinstance(got, (float, int, torch.Tensor)) and torch.as_tensor(got).numel() == 1
+        out.append({"norm": float(got) if one_value else None, "expected": expected, "calls": calls,
+                    "grads": all(g.shape == p.grad.shape
+                                 and bool(torch.allclose(g, p.grad, rtol=0, atol=1e-10))
+                                 for g, p in zip(grads, one.parameters()))})
+    return out
+
+
+def _norm_hint(got: float | None, expected: float, world: int) -> str:
+    """What the ratio of the student's norm to the global one says about the mistake."""
+    if got is None:
+        return "return the global norm, as a float (or a one-element tensor)."
+    ratio = got / expected
+    said = f"your norm is {ratio:.3f}× the global one"
+    if ratio < 1:
+        return (f"{said}: it is one shard's only. Sum the squares of this rank's gradient shards "
+                f"(p.grad.to_local()), all_reduce that sum, then take the square root.")
+    if ratio > 1:
+        return (f"{said}: norms do not add up. All_reduce the sum of squares (not the norms, nor "
+                f"the squares' square roots), and take the square root once, after it.")
+    return "the norm: the square root of the all_reduced sum of every shard's squared gradients."
+
+
+def clip_sharded(lab: Any = None) -> None:
+    """Check ``clip_sharded(model, max_norm)``: the global norm of FSDP2's sharded gradients, clipped."""
+    __tracebackhide__ = True
+    lab = lab_or_current(lab)
+    n = lab.world_size
+    got = run_student_function("clip_sharded", _answers, lab=lab, timeout=_TIMEOUT,
+                               hint="every rank must all_reduce its sum of squares: a rank that "
+                                    "skips it leaves the others waiting.")
+    for i, fraction in enumerate(FRACTIONS):
+        rows = [g[i] for g in got]
+        what = "clips" if fraction < 1 else "does not clip"
+        compare(f"dist.all_reduce calls in clip_sharded (max_norm {what})", [1] * n,
+                [r["calls"] for r in rows],
+                hint="one dist.all_reduce of this rank's sum of squared gradient shards gives every "
+                     "rank the global sum: not one per parameter, and not none.")
+        first = rows[0]
+        close = [r["norm"] is not None and abs(r["norm"] - r["expected"]) <= 1e-10 for r in rows]
+        compare(f"the norm clip_sharded returned (max_norm {what}), equal to clip_grad_norm_ on one "
+                f"process (to 1e-10)", [True] * n, close,
+                hint=_norm_hint(first["norm"], first["expected"], n))
+        compare(f"the clipped gradients (max_norm {what}), equal to clip_grad_norm_'s on one process "
+                f"(to 1e-10)", [True] * n, [r["grads"] for r in rows],
+                hint=("scale every shard in place (p.grad.to_local().mul_(coef)) by "
+                      "coef = max_norm / (norm + 1e-6), clamped to at most 1: as clip_grad_norm_ does."
+                      if fraction < 1 else
+                      "when the norm is below max_norm, leave the gradients as they are (the "
+                      "coefficient is clamped to 1)."))
+    passed("clip_sharded computes the global norm from every shard's sum of squares with one "
+           "all_reduce, and clips exactly as clip_grad_norm_ does on one process.")
