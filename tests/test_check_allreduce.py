@@ -606,3 +606,20 @@ def test_a_collective_issued_below_torch_distributed_is_refused(fresh_lab, answe
     message = str(info.value)
     assert "may not issue all_reduce: torch's flight recorder saw collective #" in message, message
     assert "functional collective" in message
+
+
+def hides_a_collective_behind_many_barriers(tensor):
+    """A functional all_reduce, then more barriers (allowed) than the flight recorder keeps."""
+    import os
+
+    import torch.distributed._functional_collectives as functional
+    tensor.copy_(functional.wait_tensor(functional.all_reduce(tensor, "sum", dist.group.WORLD)))
+    for _ in range(int(os.environ["TORCH_FR_BUFFER_SIZE"]) + 10):
+        dist.barrier()
+    return tensor
+
+
+def test_a_collective_pushed_out_of_the_recorder_is_still_refused(fresh_lab):
+    fresh_lab.run(lambda: __import__("torch.distributed._functional_collectives"), timeout=120)
+    with pytest.raises(AssertionError, match="more operations in one call than torch's flight recorder"):
+        check.naive_all_reduce(hides_a_collective_behind_many_barriers)

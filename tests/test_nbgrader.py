@@ -9,13 +9,14 @@ once, each with its own gradebook: nbgrader runs one notebook at a time):
 - "reference": the reference notebooks, each with a ``lab.restart()`` before
   every exercise section (tests/sections.py), which must get full marks and
   raise in no cell: one execution proves both;
-- "student": nbgrader's own student versions of two notebooks (``STUDENT``),
+- "student": nbgrader's own student version of notebook 00 (``STUDENT``),
   untouched, which must get zero (every released copy's zero is proved by
   ``ddplab grade`` below: nbgrader's copies show the same cells);
-- three submissions of notebook 01 from tests/test_grade.py (all right, two
-  exercises broken, all stubs), which ``ddplab grade`` grades too, at the same
+- two submissions of notebook 01 from tests/test_grade.py (two exercises broken
+  and three right; all stubs), which ``ddplab grade`` grades too, at the same
   time: both graders must pass and fail the same exercises (the stubs are
-  notebook 01's released copy, which ``ddplab grade`` grades once, below).
+  notebook 01's released copy, which ``ddplab grade`` grades once, below). An
+  all-right submission would be the reference again, which both already grade.
 
 Beside it, ``ddplab grade`` also makes the whole course's round trip through
 ddplab's own grader: every reference notebook must earn full marks and its
@@ -53,9 +54,9 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 ASSIGNMENT = "course"
 CELL_TIMEOUT = 900
 NAME01 = "01_point_to_point.ipynb"
-#: nbgrader's own student versions graded by nbgrader: two notebooks, not the course (each
+#: nbgrader's own student versions graded by nbgrader: one notebook, not the course (each
 #: notebook run costs a lab; ddplab grade runs every released copy, and the copies are the same).
-STUDENT = ["00_setup.ipynb", "06_build_all_reduce.ipynb"]
+STUDENT = ["00_setup.ipynb"]
 
 
 def _nbgrader(course: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -108,18 +109,17 @@ def test_ddplab_release_shows_the_student_what_nbgrader_shows(course):
 
 
 def _agreement_submissions() -> dict[str, nbformat.NotebookNode]:
-    """Three of tests/test_grade.py's submissions of notebook 01 that both graders can judge
+    """Two of tests/test_grade.py's submissions of notebook 01 that both graders can judge
     alike (its deleted and edited check cells are not among them: nbgrader puts a locked
     cell's source back, by design, where ddplab grade scores that exercise zero)."""
     reference = nbformat.read(ROOT / "notebooks" / NAME01, as_version=4)
     released = release_notebook(reference)
-    correct = _solutions_into_stubs(nbformat.from_dict(released), reference)
     broken = _solutions_into_stubs(nbformat.from_dict(released), reference)
     _replace(broken, "exercise-swap", "return received", "return t")               # wrong result
     _replace(broken, "exercise-ring-token", "left, right = (rank - 1)",            # an exception
              "left, right = undefined_name + (rank - 1)")
     assert _cell(broken, "check-swap")
-    return {"agree-correct": correct, "agree-broken": broken, "agree-stubs": released}
+    return {"agree-broken": broken, "agree-stubs": released}
 
 
 def _shards(course: Path, agreement) -> list[dict[str, dict]]:
@@ -258,7 +258,7 @@ def test_every_exercise_section_runs_after_a_restart(autograded, path):
 @pytest.mark.timeout(3600)
 def test_ddplab_grade_and_nbgrader_agree_on_the_same_submissions(autograded):
     scores, ours, _, _, _ = autograded
-    expected_lost = {"agree-correct": set(), "agree-broken": {"swap", "ring-token"},
+    expected_lost = {"agree-broken": {"swap", "ring-token"},
                      "agree-stubs": set(EXERCISES)}
     for student, lost in expected_lost.items():
         _, _, cells = scores[student, Path(NAME01).stem]

@@ -145,8 +145,7 @@ def run_student_code(what: str, fn: Callable, *args: Any, lab: Any = None, timeo
     __tracebackhide__ = True
     try:
         if each is not None:
-            return lab_or_current(lab).run_each(fn, {r: (*args, *extra) for r, extra in each.items()},
-                                                timeout=timeout)
+            return lab_or_current(lab).run_each(fn, each, *args, timeout=timeout)
         if ranks is not None:
             return run_on_ranks(fn, *args, lab=lab, timeout=timeout, ranks=ranks)
         return run_on_ranks(fn, *args, lab=lab, timeout=timeout)

@@ -143,10 +143,15 @@ def forbidding(collectives: tuple[str, ...], exercise: str, builds: str = "all_r
             setattr(cls, method, value)
 
 
-def _refuse_recorded(recorded: list[tuple[int, str]], forbidden: set[str], exercise: str,
+def _refuse_recorded(recorded: list[tuple[int, str]] | None, forbidden: set[str], exercise: str,
                      builds: str) -> None:
     """Fail if torch's flight recorder saw a forbidden collective during the student's call."""
     __tracebackhide__ = True
+    if recorded is None:
+        raise AssertionError(
+            f"{exercise} issued more operations in one call than torch's flight recorder keeps "
+            f"({flight.BUFFER_SIZE}), so the check cannot see whether it used a collective. "
+            f"{builds[0].upper() + builds[1:]} needs far fewer: send each chunk once.")
     for seq, op in recorded:
         if op in forbidden:
             raise AssertionError(

@@ -281,22 +281,30 @@ class Lab:
         values = {task.rank: task.outcome["value"] for task in tasks}
         return [values[r] for r in self.ranks] if ranks is None else values
 
-    def run_each(self, fn: Callable, args: dict[int, tuple], timeout: float | None = None) -> dict[int, Any]:
-        """Call ``fn(*args[r])`` on each rank ``r`` of ``args``, at once; results keyed by rank.
+    def run_each(self, fn: Callable, own: dict[int, tuple], *common: Any,
+                 timeout: float | None = None) -> dict[int, Any]:
+        """Call ``fn(*common, *own[r])`` on each rank ``r`` of ``own``, at once; results keyed by rank.
 
-        Each rank is sent only its own arguments (``lab.run`` sends every rank
-        the same): a checker hands each rank its own input, which the other
-        ranks can learn only by communicating. Raises as ``lab.run`` does.
+        Each rank is sent only its own arguments ``own[r]`` (``lab.run`` sends every
+        rank the same): a checker hands each rank its own input, which the other
+        ranks can learn only by communicating. ``fn`` and ``common`` are pickled
+        once for all. Raises as ``lab.run`` does.
         """
         if not callable(fn):
             raise ConfigError(f"ddplab: lab.run_each needs a function to call on the ranks, but got "
                               f"{fn!r} ({type(fn).__name__}).")
-        chosen = self.check_ranks(list(args))
+        chosen = self.check_ranks(list(own))
         timeout = self._timeout(timeout)
         self.ensure_usable()
         owncode.send_as_it_is_now(fn)
+        for arg in common:
+            if callable(arg):
+                owncode.send_as_it_is_now(arg)
+        # Pickled by the pickler ipyparallel uses in this process (cloudpickle in a kernel).
+        from ipyparallel.serialize import serialize
+        pickled = serialize.pickle.dumps((fn, common), serialize.PICKLE_PROTOCOL)
         tasks = [task for rank in chosen
-                 for task in self._calls.submit([rank], engine.call, fn, tuple(args[rank]), {})]
+                 for task in self._calls.submit([rank], engine.call_pickled, pickled, tuple(own[rank]))]
         self._calls.finish(tasks, timeout, grace=None)
         return {task.rank: task.outcome["value"] for task in tasks}
 

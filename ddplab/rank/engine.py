@@ -308,6 +308,17 @@ def call(fn: Callable, args: tuple, kwargs: dict) -> dict:
     return {"ok": error is None, "events": recorder.events, "error": error, "value": value}
 
 
+def call_pickled(pickled: bytes, own: tuple) -> dict:
+    """``call(fn, (*common, *own))``, ``(fn, common)`` pickled once for many ranks: ``Lab.run_each``
+    sends each rank its own arguments, and the function and the shared ones as bytes made once."""
+    import pickle
+    try:
+        fn, common = pickle.loads(pickled)
+    except BaseException as exc:
+        return {"ok": False, "events": [], "error": _failed(exc, _is_user_code), "value": None}
+    return call(fn, (*common, *own), {})
+
+
 def _is_user_code(filename: str) -> bool:
     """Neither this module nor ``owngroup`` (which runs ``lab.spawn`` / ``run_script`` code)."""
     return _is_user_file(filename) and not filename.endswith(os.path.join("rank", "owngroup.py"))
