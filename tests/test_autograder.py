@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
 import shared_env
 from hostile import attacks
@@ -43,16 +42,6 @@ ATTACKS = {name: attacks.ATTACKS[name] for name in
            ("honest", "steal_solution", "rewrite_results")}
 CELL_TIMEOUT = 60
 
-
-def _survivors(marker: str) -> list[int]:
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != "zombie":
-                found.append(p.pid)
-        except psutil.Error:
-            pass
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +81,7 @@ def gradescope():
 
         with ThreadPoolExecutor(max_workers=2) as pool:   # Gradescope runs each in a container
             ran = dict(zip(ATTACKS, pool.map(run, ATTACKS)))
-        right_after = _survivors(marker)
+        right_after = attacks.survivors(marker)
         results = {name: roots[name] / "results" / "results.json" for name in ATTACKS}
         yield {"ran": ran, "results": results, "right_after": right_after, "marker": marker,
                "home": home, "python": python, "archive": archive,
@@ -168,7 +157,7 @@ def test_the_results_file_is_the_graders_alone(gradescope):
 
 def test_nothing_a_submission_started_is_left_running(gradescope):
     assert gradescope["right_after"] == []
-    assert _survivors(gradescope["marker"]) == []
+    assert attacks.survivors(gradescope["marker"]) == []
 
 
 def test_an_upload_without_the_notebook_gets_a_reason_not_a_failed_autograder(gradescope):

@@ -32,16 +32,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.course, pytest.mark.timeout(1500)]
 CELL_TIMEOUT = 60
 
 
-def _survivors(marker: str) -> list[int]:
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != "zombie":
-                found.append(p.pid)
-        except psutil.Error:
-            pass
-    return found
-
 
 def test_the_sandbox_is_there():
     """make test installs bubblewrap (tools/ensure_sandbox.sh); without it the attacks below
@@ -107,7 +97,7 @@ def graded(tmp_path_factory):
          "--reference", str(tmp / "course"), "--csv", str(out), "--cell-timeout", str(CELL_TIMEOUT)],
         timeout=1500)
     took = time.monotonic() - begin
-    right_after = _survivors(marker)
+    right_after = attacks.survivors(marker)
     # The daemon, had it survived, would write its grade 5 s after it started, which was
     # before its submission's "graded" line: wait until then and 3 s more (often long past).
     time.sleep(max(0.0, graded_at.get("setsid_daemon", time.monotonic()) + 8 - time.monotonic()))
@@ -166,7 +156,7 @@ def test_reasons_name_what_happened(graded):
 
 def test_nothing_an_attack_started_is_left_running(graded):
     assert graded["right_after"] == [], "processes that outlived grading"
-    assert _survivors(graded["marker"]) == []
+    assert attacks.survivors(graded["marker"]) == []
     assert graded["left"] == set(), f"processes left behind by grading: {graded['left']}"
 
 
@@ -264,7 +254,7 @@ def test_without_a_sandbox_grading_says_so_and_still_ends_what_a_submission_left
     assert result.returncode == 1, result.stdout + result.stderr
     warning = [line for line in result.stderr.splitlines() if "WITHOUT a sandbox" in line]
     assert len(warning) == 1 and "DDPLAB_SANDBOX=0" in warning[0], result.stderr
-    assert _survivors(marker) == []
+    assert attacks.survivors(marker) == []
     # as in `graded` above: until 8 s after the daemon's submission was graded
     time.sleep(max(0.0, graded_at.get("daemon", time.monotonic()) + 8 - time.monotonic()))
     assert "pwned" not in (tmp_path / "grades.csv").read_text()

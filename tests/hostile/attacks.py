@@ -13,6 +13,7 @@ read or write).
 from __future__ import annotations
 
 import nbformat
+import psutil
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 CORRECT = "Correct: every rank holds the mean of all 6 scores of the 2 ranks.\n"
@@ -310,3 +311,15 @@ def submission(name: str, *, marker: str, reference: str, other: str, csv: str) 
         for token, value in values.items():
             cell.source = cell.source.replace(token, value)
     return nbformat.writes(nb)
+
+
+def survivors(marker: str) -> list[int]:
+    """The live processes (zombies aside) whose command line names ``marker``: what an attack left."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != "zombie":
+                found.append(p.pid)
+        except psutil.Error:
+            pass
+    return found
