@@ -124,3 +124,11 @@ def test_average_gradients_flat_names_the_mistake_by_its_effect(fresh_lab, chang
     message = str(info.value)
     assert "After average_gradients_flat(model), " + words in message, message
     assert "expected True" not in message
+
+
+def test_average_gradients_flat_is_not_fooled_by_flooding_the_recorder(fresh_lab):
+    """Enough other collectives in a step push its all_reduces out of the recorder: the count is
+    unknown then, and an unknown count is not "fewer than the parameters"."""
+    fresh_lab.run_cell(FLAT + "    for _ in range(300):\n        dist.barrier()\n")
+    with pytest.raises(AssertionError, match="Counted per step: more than 256"):
+        ddplab.check.average_gradients_flat()

@@ -37,7 +37,7 @@ from typing import Iterator
 
 from ..rank import flight
 
-__all__ = ["COLLECTIVES", "LIBRARY", "forbidding", "refusing_library"]
+__all__ = ["COLLECTIVES", "LIBRARY", "counting", "forbidding", "refusing_library"]
 
 #: torch's collectives, by the ``dist`` function a student knows, and the methods of a
 #: process group (or its backend) that carry each one out.
@@ -141,6 +141,25 @@ def forbidding(collectives: tuple[str, ...], exercise: str, builds: str = "all_r
     finally:
         for cls, method, value in reversed(saved):
             setattr(cls, method, value)
+
+
+@contextlib.contextmanager
+def counting(op: str) -> Iterator[list[int]]:
+    """Count the ``op`` collectives (torch's name: ``all_reduce``) this rank issues in the block.
+
+    ``with counting("all_reduce") as calls: student(model)``, then ``calls[0]``. Read from
+    torch's flight recorder, like ``forbidding``'s second look, so every path to the backend
+    counts: ``dist.all_reduce`` under any alias, a process group's method, a functional
+    collective (patching ``dist.all_reduce`` counted none of those). -1 when the recorder
+    cannot tell: more operations than it keeps (``flight.BUFFER_SIZE``) came in the block.
+    """
+    count = [0]
+    before = flight.mark()
+    try:
+        yield count
+    finally:
+        seen = flight.since(before)
+        count[0] = -1 if seen is None else sum(name == op for _, name in seen)
 
 
 def _refuse_recorded(recorded: list[tuple[int, str]] | None, forbidden: set[str], exercise: str,
