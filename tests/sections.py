@@ -17,12 +17,13 @@ above it is needed (05's ``Join`` exercise), nothing above it is rerun. Where a
 notebook tells them to run its set-up cells on the ranks again after any
 restart, copies of those come first: ``AFTER_RESTART``.
 
-The suite does not execute that notebook on its own: it is handed to nbgrader's
-``autograde`` as the "reference" student (tests/test_nbgrader.py), which runs
-the whole course once anyway. So one execution proves both that nbgrader gives
-the reference full marks and that every section survives a restart, and
-``failures`` reads the autograded copy for any cell that raised. The copies
-carry no nbgrader metadata (a grade id appears once) and ids of their own.
+The suite does not execute that notebook on its own: ``ddplab grade`` grades it as
+the "course-reference" student (tests/test_nbgrader.py), which runs the whole
+course once anyway. So one execution proves both that the reference earns full
+marks and that every section survives a restart: ``Grade.cells_failed`` lists any
+other cell that failed. nbgrader's ``autograde`` grades four of them the same
+way, and ``failures`` reads its autograded copy for any cell that raised. The
+copies carry no nbgrader metadata (a grade id appears once) and ids of their own.
 """
 
 from __future__ import annotations

@@ -66,6 +66,7 @@ def _mixed(nb):
              "left, right = undefined_name + (rank - 1)")
     _cell(nb, "check-neighbour-exchange").source = \
         "# I only added a comment\n" + _cell(nb, "check-neighbour-exchange").source   # edited check
+    nb.cells.append(nbformat.v4.new_code_cell("print(my_scratch_name)", id="my-scratch"))  # costs no mark
 
 
 def _deadlocks(nb):
@@ -152,6 +153,9 @@ def test_each_failure_has_a_short_reason_that_names_the_cause(graded):
     assert "raised NameError: name 'undefined_name' is not defined" in mixed["ring-token"]
     assert mixed["neighbour-exchange"].startswith("check cell check-neighbour-exchange was edited")
     assert "not valid JSON" in grades["not_json"].error
+    assert grades["mixed"].cells_failed == [
+        "cell my-scratch: error: NameError: name 'my_scratch_name' is not defined"]
+    assert grades["correct"].cells_failed == []
     for name, why in reason["stubs"].items():
         assert "NotImplementedError" in why, (name, why)
     for g in grades.values():

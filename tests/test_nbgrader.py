@@ -6,9 +6,9 @@ its student versions must show a student the same cells as ``ddplab
 release``'s. ``autograde`` then grades (in two copies of that course folder at
 once, each with its own gradebook: nbgrader runs one notebook at a time):
 
-- "reference": the reference notebooks, each with a ``lab.restart()`` before
-  every exercise section (tests/sections.py), which must get full marks and
-  raise in no cell: one execution proves both;
+- "reference": four reference notebooks (``NBGRADER_REFERENCE``), each with a
+  ``lab.restart()`` before every exercise section (tests/sections.py), which
+  must get full marks and raise in no cell;
 - "student": nbgrader's own student version of notebook 00 (``STUDENT``),
   untouched, which must get zero (every released copy's zero is proved by
   ``ddplab grade`` below: nbgrader's copies show the same cells);
@@ -18,11 +18,20 @@ once, each with its own gradebook: nbgrader runs one notebook at a time):
   notebook 01's released copy, which ``ddplab grade`` grades once, below). An
   all-right submission would be the reference again, which both already grade.
 
-Beside it, ``ddplab grade`` also makes the whole course's round trip through
-ddplab's own grader: every reference notebook must earn full marks and its
-``ddplab release`` copy none. ddplab's grader runs some checks itself against
-the ranks (``ddplab.grade.witness``), so it can fail where nbgrader passes: notebook
+Beside it, ``ddplab grade`` makes the whole course's round trip through
+ddplab's own grader: every reference notebook, with a ``lab.restart()`` before
+every exercise section, must earn full marks with no cell failing
+(``Grade.cells_failed``), and its ``ddplab release`` copy none. One execution
+per notebook proves both that the reference passes and that every section runs
+after a restart. ddplab's grader runs some checks itself against the ranks
+(``ddplab.grade.witness``), so it can fail where nbgrader passes: notebook
 09's reference once lost two checks that come right after a ``lab.restart()``.
+nbgrader grades four of the references, not all sixteen: what it could judge
+differently from ``ddplab grade`` (its metadata, its locked cells, its executor)
+is the same in every notebook, and each notebook's run costs a lab. The four
+cover the course's kinds of notebook: 00 (one rank), 01 (``%%rank`` cells and a
+deadlock shown on purpose), 05 (sections rerun from an earlier cell after a
+restart, ``RESTART_FROM``) and 14 (a build-it chapter).
 
 nbgrader executes each notebook in a kernel, as ``ddplab grade`` does; a lab
 start per notebook on a shared 2-core machine is why the timeouts are long.
@@ -57,6 +66,9 @@ NAME01 = "01_point_to_point.ipynb"
 #: nbgrader's own student versions graded by nbgrader: one notebook, not the course (each
 #: notebook run costs a lab; ddplab grade runs every released copy, and the copies are the same).
 STUDENT = ["00_setup.ipynb"]
+#: The references nbgrader autogrades (with their restarts): see the module's docstring.
+NBGRADER_REFERENCE = ["00_setup.ipynb", NAME01, "05_ddp_training.ipynb",
+                      "14_long_sequences_and_experts.ipynb"]
 
 
 def _nbgrader(course: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -122,15 +134,19 @@ def _agreement_submissions() -> dict[str, nbformat.NotebookNode]:
     return {"agree-broken": broken, "agree-stubs": released}
 
 
+def _restarted(name: str) -> nbformat.NotebookNode:
+    """Reference notebook ``name`` with a ``lab.restart()`` before every exercise section."""
+    return with_restarts(nbformat.read(ROOT / "notebooks" / name, as_version=4), name)
+
+
 def _shards(course: Path, agreement) -> list[dict[str, dict]]:
     """The submissions nbgrader grades, split over two course folders autograded at once:
     student -> notebook name -> notebook (or the file to copy). nbgrader grades one notebook
     at a time, and the reference with its restarts is most of the run; its notebooks
     alternate between the two, the other students' go to the second."""
     shards: list[dict] = [{"reference": {}}, {"reference": {}, "student": {}}]
-    for i, path in enumerate(NOTEBOOKS):
-        shards[i % 2]["reference"][path.name] = with_restarts(nbformat.read(path, as_version=4),
-                                                              path.name)
+    for i, name in enumerate(NBGRADER_REFERENCE):
+        shards[i % 2]["reference"][name] = _restarted(name)
     for name in STUDENT:          # nbgrader's own student versions, untouched
         shards[1]["student"][name] = course / "release" / ASSIGNMENT / name
     for student, nb in agreement.items():
@@ -166,7 +182,7 @@ def autograded(course, tmp_path_factory):
         ddplab_paths.append(ours_root / student)
     for path in NOTEBOOKS:
         reference = nbformat.read(path, as_version=4)
-        nbformat.write(reference, ours_root / "course-reference" / path.name)
+        nbformat.write(_restarted(path.name), ours_root / "course-reference" / path.name)
         nbformat.write(release_notebook(reference, path.name), ours_root / "course-released" / path.name)
     # "agree-stubs" is notebook 01's released copy, byte for byte: ddplab grade grades it
     # once, as course-released, and both graders' marks for it are compared below.
@@ -227,7 +243,8 @@ def test_autograde_gives_the_reference_full_marks_and_the_student_version_zero(a
                                                                             record_property):
     scores, _, seconds, log, _ = autograded
     record_property("autograde_s", round(seconds, 1))
-    for path in NOTEBOOKS:
+    for name in NBGRADER_REFERENCE:
+        path = ROOT / "notebooks" / name
         score, out_of, _ = scores["reference", path.stem]
         assert score == out_of, f"reference {path.name}: {score}/{out_of}: {scores['reference', path.stem]}"
         checks = sum(c.get("id", "").startswith("check-")
@@ -242,16 +259,25 @@ def test_autograde_gives_the_reference_full_marks_and_the_student_version_zero(a
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_exercise_section_runs_after_a_restart(autograded, path):
-    """The reference ran with a lab.restart() before each exercise section: no cell raised."""
-    executed = autograded[4][path.name]
+    """Every reference ran under ddplab grade with a lab.restart() before each exercise
+    section: no cell failed (its full marks are the next tests'). nbgrader's copies of
+    NBGRADER_REFERENCE ran the same, and no cell of theirs raised either."""
+    _, ours, _, _, executed = autograded
     points = restart_points(path.name, nbformat.read(path, as_version=4).cells)
-    restarts = [c for c in executed.cells if c.metadata.get("ddplab", {}).get("restart_before")]
-    assert len(restarts) == len(points), f"{path.name}: {len(restarts)} restarts ran, {len(points)} planned"
-    assert all(c.get("outputs") is not None and c.get("execution_count") for c in restarts), \
-        f"{path.name}: a restart cell was never executed"
-    broken = failures(executed)
-    more = f"\n... and {len(broken) - 3} more cells" if len(broken) > 3 else ""
-    assert not broken, f"{path.name}: after lab.restart():\n" + "\n".join(broken[:3]) + more
+    graded = nbformat.read(Path(ours["course-reference", path.stem].path), as_version=4)
+    restarts = [c for c in graded.cells if c.metadata.get("ddplab", {}).get("restart_before")]
+    assert len(restarts) == len(points), f"{path.name}: {len(restarts)} restarts, {len(points)} planned"
+    failed = ours["course-reference", path.stem].cells_failed
+    assert not failed, f"{path.name}: after lab.restart():\n" + "\n".join(failed[:3])
+    if path.name in executed:
+        ran = [c for c in executed[path.name].cells
+               if c.metadata.get("ddplab", {}).get("restart_before")]
+        assert all(c.get("outputs") is not None and c.get("execution_count") for c in ran), \
+            f"{path.name}: a restart cell was never executed by nbgrader"
+        broken = failures(executed[path.name])
+        more = f"\n... and {len(broken) - 3} more cells" if len(broken) > 3 else ""
+        assert not broken, f"{path.name}: under nbgrader, after lab.restart():\n" + \
+            "\n".join(broken[:3]) + more
 
 
 @pytest.mark.slow

@@ -68,7 +68,7 @@ from . import sandbox, witness
 from .compare import Mark, sanitize_patterns, score
 from .handin import handed_in, read_text
 from .journal import Journal, key, write_atomically
-from .plan import GradeError, Step, check_reference, load_submission, notebooks_in, plan
+from .plan import GradeError, Step, check_reference, describe, load_submission, notebooks_in, plan
 from .run import execute
 from .unprivileged import Account, hand_over
 
@@ -85,6 +85,11 @@ class Grade:
     marks: list[Mark] = field(default_factory=list)
     error: str = ""
     seconds: float = 0.0
+    #: Cells that are neither an exercise nor a check and did not run cleanly ("cell cell-12: error:
+    #: NameError: ..."), except those tagged raises-exception. They cost no mark by
+    #: themselves; an instructor reading why a check failed, and the suite proving that every
+    #: section runs after a restart, read them here.
+    cells_failed: list[str] = field(default_factory=list)
 
     @property
     def score(self) -> int:
@@ -336,7 +341,10 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
         for step, record in zip(steps, json.loads(out.read_text())):
             step.status, step.error, step.outputs = record["status"], record["error"], record["outputs"]
     marks = score(steps, found, problems, sanitize_patterns())
-    return Grade(student, ref.stem, str(path), marks=marks, seconds=time.monotonic() - begin)
+    failed = [f"{describe(step)}: {step.status}: {step.error}" for step in steps
+              if step.role == "other" and step.status != "ok"]
+    return Grade(student, ref.stem, str(path), marks=marks, seconds=time.monotonic() - begin,
+                 cells_failed=failed)
 
 
 def _worker(argv: list[str]) -> int:
