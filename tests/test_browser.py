@@ -209,7 +209,8 @@ def jupyter_lab(jupyter_server):
     test's notebooks, and start their kernels, in the next test's page."""
     dirs_before = lab_dirs()
     yield jupyter_server
-    for session in api(jupyter_server, "api/sessions"):    # each answers once its kernel ended
+    sessions = api(jupyter_server, "api/sessions")
+    for session in sessions:                                # each answers once its kernel ended
         api(jupyter_server, f"api/sessions/{session['id']}", method="DELETE")
     for kernel in api(jupyter_server, "api/kernels"):
         api(jupyter_server, f"api/kernels/{kernel['id']}", method="DELETE")
@@ -220,6 +221,8 @@ def jupyter_lab(jupyter_server):
         time.sleep(0.25)                               # polling a condition, with a deadline
     left = lab_dirs() - dirs_before
     assert not left, f"a kernel's lab left its directory behind after its shutdown: {sorted(left)}"
+    # One notebook per test: a second means a page reopened an earlier test's notebook.
+    assert len(sessions) <= 1, f"kernels for {[s['path'] for s in sessions]}: one test, one notebook"
 
 
 def walk(chromium: str, server: Server, page_path: str, notebook: str, tmp_path: Path,
