@@ -1,4 +1,4 @@
-"""A notebook run the way a student runs it: JupyterLab in a real browser.
+"""A notebook run the way a student runs it: JupyterLab and Notebook 7 in a real browser.
 
 Every other test talks to ddplab from Python; this one drives the product
 where it is used. It starts JupyterLab from the venv (the server ``make lab``
@@ -14,6 +14,14 @@ to answer every cell, and then checks the page itself:
   deadlock demo), which must show the error the committed notebook shows.
 
 It saves screenshots under the test's tmp_path and prints their paths.
+
+Jupyter Notebook 7 gets the same walk through notebook 00 and the same live-output test: one
+server serves both, since ``jupyter lab`` also serves Notebook 7's pages (``/notebooks/<path>``)
+when the ``notebook`` package is installed, and Notebook 7 is made of JupyterLab's components
+(the same cells, output areas, menus and kernel messages), so browserkit's selectors and
+checks hold there unchanged. The one difference the test needs: Notebook 7 is another server
+extension, with its own ``expose_app_in_browser`` setting. One server serves the whole module;
+after each test the kernels it started are shut down, so no lab outlives its test.
 
 The browser is Debian's ``chromium`` at /usr/bin/chromium, never one that
 Playwright downloads. ``make test`` installs it when missing
@@ -33,6 +41,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -58,6 +67,10 @@ JUPYTER = Path(sys.executable).parent / "jupyter"
 # The newest notebook that exercises the most: 01 has a deadlock demo, 00 is the fallback.
 NOTEBOOK = next(name for name in ("01_point_to_point.ipynb", "00_setup.ipynb")
                 if (ROOT / "notebooks" / name).exists())
+# Notebook 7's walk: notebook 00, the one every learner runs first (issue 44).
+NOTEBOOK7 = "00_setup.ipynb"
+# Where each front end opens a notebook, after the server's URL.
+PAGES = {"jupyterlab": "lab/tree", "notebook7": "notebooks"}
 # Generous: several labs share 2 cores, and 01 waits out a HangError's timeout on purpose.
 SERVER_DEADLINE = 120
 OPEN_DEADLINE = 180
@@ -130,17 +143,36 @@ def end_processes(proc: subprocess.Popen, started: set[int]) -> None:
     assert not alive, f"ddplab: processes the browser test started survived a kill: {alive}"
 
 
-@pytest.fixture
-def jupyter_lab(tmp_path):
+@dataclass(frozen=True)
+class Server:
+    """A running Jupyter server: where it answers, its token and the folder it serves."""
+    url: str
+    token: str
+    workspace: Path
+
+
+def api(server: Server, path: str, method: str = "GET"):
+    """One call to the server's REST API (``path`` after the base URL); its JSON answer, if any."""
+    request = urllib.request.Request(f"{server.url}/{path}", method=method,
+                                     headers={"Authorization": f"token {server.token}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        body = response.read()
+    return json.loads(body) if body else None
+
+
+@pytest.fixture(scope="module")
+def jupyter_server(tmp_path_factory):
     """A JupyterLab server on a student workspace, made as `make lab` makes it (ddplab notebooks),
-    with every exercise answered as a student who solved it would: the reference solution in
-    place of the stub. Yields (base URL, token). Always shut down, with its kernels, even when
-    the test fails.
+    with every exercise of the walked notebooks answered as a student who solved it would: the
+    reference solution in place of the stub. The same server serves Notebook 7's pages. Always
+    shut down, with its kernels, even when a test fails.
     """
+    tmp_path = tmp_path_factory.mktemp("jupyter")
     notebooks = tmp_path / "workspace"
     subprocess.run([sys.executable, "-m", "ddplab", "notebooks", str(notebooks)], check=True,
                    capture_output=True, timeout=120)
-    answer_every_exercise(notebooks / NOTEBOOK)
+    for name in {NOTEBOOK, NOTEBOOK7}:
+        answer_every_exercise(notebooks / name)
     env = lab_env(tmp_path / "jupyter")
     token = secrets.token_hex(24)
     log = tmp_path / "jupyterlab.log"
@@ -150,8 +182,10 @@ def jupyter_lab(tmp_path):
                "--LabApp.news_url=None",
                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
                # Lets the test read the notebook model (cell tags, outputs, kernel messages)
-               # in the page, as JupyterLab's own UI tests (Galata) do.
-               "--LabApp.expose_app_in_browser=True"]
+               # in the page, as JupyterLab's own UI tests (Galata) do; Notebook 7 is another
+               # server extension with a setting of its own.
+               "--LabApp.expose_app_in_browser=True",
+               "--JupyterNotebookApp.expose_app_in_browser=True"]
     if os.getuid() == 0:
         command.append("--allow-root")
     started, dirs_before = my_process_tree(), lab_dirs()
@@ -159,35 +193,75 @@ def jupyter_lab(tmp_path):
         proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        yield wait_for_server(proc, Path(env["JUPYTER_RUNTIME_DIR"]), token, log), token
+        url = wait_for_server(proc, Path(env["JUPYTER_RUNTIME_DIR"]), token, log)
+        yield Server(url, token, notebooks)
     finally:
         end_processes(proc, started)
     left = lab_dirs() - dirs_before
     assert not left, f"the kernel's lab left its directory behind: {sorted(left)}"
 
 
-@pytest.mark.timeout(RUN_DEADLINE + OPEN_DEADLINE + 2 * SERVER_DEADLINE)
-def test_notebook_runs_in_jupyterlab_in_chromium(chromium, jupyter_lab, tmp_path,
-                                                 record_property, capsys):
+@pytest.fixture
+def jupyter_lab(jupyter_server):
+    """The module's server, for one test, as a fresh server would be: afterwards it shuts down
+    every kernel (as File > Shut Down Kernel would; each kernel's exit stops its lab, whose
+    directory must then be gone) and forgets JupyterLab's saved layout, which would reopen the
+    test's notebooks, and start their kernels, in the next test's page."""
+    dirs_before = lab_dirs()
+    yield jupyter_server
+    sessions = api(jupyter_server, "api/sessions")
+    for session in sessions:                                # each answers once its kernel ended
+        api(jupyter_server, f"api/sessions/{session['id']}", method="DELETE")
+    for kernel in api(jupyter_server, "api/kernels"):
+        api(jupyter_server, f"api/kernels/{kernel['id']}", method="DELETE")
+    for workspace in api(jupyter_server, "lab/api/workspaces")["workspaces"]["ids"]:
+        api(jupyter_server, f"lab/api/workspaces/{workspace}", method="DELETE")
+    deadline = time.monotonic() + SERVER_DEADLINE
+    while lab_dirs() - dirs_before and time.monotonic() < deadline:
+        time.sleep(0.25)                               # polling a condition, with a deadline
+    left = lab_dirs() - dirs_before
+    assert not left, f"a kernel's lab left its directory behind after its shutdown: {sorted(left)}"
+    # One notebook per test: a second means a page reopened an earlier test's notebook.
+    assert len(sessions) <= 1, f"kernels for {[s['path'] for s in sessions]}: one test, one notebook"
+
+
+def walk(chromium: str, server: Server, page_path: str, notebook: str, tmp_path: Path,
+         record_property, capsys, name: str) -> None:
+    """Open ``notebook`` at ``page_path`` (JupyterLab's or Notebook 7's), Run All Cells from the
+    menus and check the page (browserkit.check_page); screenshots in ``tmp_path``."""
     from playwright.sync_api import sync_playwright
 
-    url, token = jupyter_lab
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS,
                                              headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.set_default_timeout(OPEN_DEADLINE * 1000)
-            page.goto(f"{url}/lab/tree/{NOTEBOOK}?token={token}")
-            page.wait_for_function(KERNEL_IDLE_JS, arg=NOTEBOOK, timeout=OPEN_DEADLINE * 1000)
+            page.goto(f"{server.url}/{page_path}/{notebook}?token={server.token}")
+            page.wait_for_function(KERNEL_IDLE_JS, arg=notebook, timeout=OPEN_DEADLINE * 1000)
             try:
-                check_page(page, run_all_cells(page, NOTEBOOK, RUN_DEADLINE), NOTEBOOK)
+                check_page(page, run_all_cells(page, notebook, RUN_DEADLINE), notebook)
             except BaseException:
-                save_screenshots(page, tmp_path, record_property, capsys, failing=True)
+                save_screenshots(page, tmp_path, record_property, capsys, failing=True, name=name)
                 raise
-            save_screenshots(page, tmp_path, record_property, capsys)
+            save_screenshots(page, tmp_path, record_property, capsys, name=name)
         finally:
             browser.close()
+
+
+@pytest.mark.timeout(RUN_DEADLINE + OPEN_DEADLINE + 2 * SERVER_DEADLINE)
+def test_notebook_runs_in_jupyterlab_in_chromium(chromium, jupyter_lab, tmp_path,
+                                                 record_property, capsys):
+    walk(chromium, jupyter_lab, PAGES["jupyterlab"], NOTEBOOK, tmp_path, record_property, capsys,
+         name="jupyterlab")
+
+
+@pytest.mark.timeout(RUN_DEADLINE + OPEN_DEADLINE + 2 * SERVER_DEADLINE)
+def test_notebook_00_runs_in_notebook7_in_chromium(chromium, jupyter_lab, tmp_path,
+                                                   record_property, capsys):
+    """Jupyter Notebook 7 (``/notebooks/<path>``, Run > Run All Cells): the same promises."""
+    walk(chromium, jupyter_lab, PAGES["notebook7"], NOTEBOOK7, tmp_path, record_property, capsys,
+         name="notebook7")
 
 
 LIVE_NOTEBOOK = "live_output.ipynb"
@@ -210,7 +284,8 @@ LIVE_JS = """name => {
 
 
 @pytest.mark.timeout(OPEN_DEADLINE + 2 * SERVER_DEADLINE + 300)
-def test_live_output_shows_while_the_cell_runs(chromium, jupyter_lab, tmp_path,
+@pytest.mark.parametrize("front_end", ["jupyterlab", "notebook7"])
+def test_live_output_shows_while_the_cell_runs(chromium, jupyter_lab, front_end, tmp_path,
                                                record_property, capsys):
     """Rank 0's first line is on the page while its %%ranks cell is still running."""
     from playwright.sync_api import sync_playwright
@@ -221,15 +296,15 @@ def test_live_output_shows_while_the_cell_runs(chromium, jupyter_lab, tmp_path,
                 nbformat.v4.new_code_cell(LIVE_CELL)]
     nb.metadata = {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
                                   "name": "python3"}}
-    nbformat.write(nb, str(tmp_path / "workspace" / LIVE_NOTEBOOK))
-    url, token = jupyter_lab
+    nbformat.write(nb, str(jupyter_lab.workspace / LIVE_NOTEBOOK))
+    url, token = jupyter_lab.url, jupyter_lab.token
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS,
                                              headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.set_default_timeout(OPEN_DEADLINE * 1000)
-            page.goto(f"{url}/lab/tree/{LIVE_NOTEBOOK}?token={token}")
+            page.goto(f"{url}/{PAGES[front_end]}/{LIVE_NOTEBOOK}?token={token}")
             page.wait_for_function(KERNEL_IDLE_JS, arg=LIVE_NOTEBOOK, timeout=OPEN_DEADLINE * 1000)
             page.evaluate(WATCH_KERNEL_JS, LIVE_NOTEBOOK)
             page.get_by_role("menuitem", name="Run", exact=True).click()
@@ -256,7 +331,8 @@ def test_live_output_shows_while_the_cell_runs(chromium, jupyter_lab, tmp_path,
                 assert "rank 1 line 11" in done["stdout"]
                 assert not any(text.strip() for text in done["live"]), done   # areas emptied
             except BaseException:
-                save_screenshots(page, tmp_path, record_property, capsys, failing=True)
+                save_screenshots(page, tmp_path, record_property, capsys, failing=True,
+                                 name=f"live-{front_end}")
                 raise
         finally:
             browser.close()
