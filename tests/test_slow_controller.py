@@ -20,6 +20,8 @@ import ipyparallel as ipp
 import pytest
 from conftest import side_lab
 
+from ddplab import procs
+
 pytestmark = pytest.mark.slow
 
 #: How long each engine waits for the stopped controller: longer than ipyparallel's 5 s.
@@ -31,7 +33,7 @@ def test_engines_wait_for_a_controller_that_answers_late(monkeypatch):
     waited = []
 
     async def start_engines_with_a_late_controller(self, *args, **kwargs):
-        pid, folder = self.controller.process.pid, self.profile_dir
+        controller, folder = procs.process(self.controller.process.pid), self.profile_dir
         engine_file = os.path.join(folder, "security", f"ipcontroller-{self.cluster_id}-engine.json")
 
         def registering() -> int:
@@ -41,7 +43,7 @@ def test_engines_wait_for_a_controller_that_answers_late(monkeypatch):
         def stop_until_every_engine_waited() -> None:
             while not os.path.exists(engine_file):
                 time.sleep(0.001)
-            os.kill(pid, signal.SIGSTOP)
+            procs.send(controller, signal.SIGSTOP)
             try:
                 deadline = time.monotonic() + 60
                 while registering() < 2 and time.monotonic() < deadline:
@@ -49,7 +51,7 @@ def test_engines_wait_for_a_controller_that_answers_late(monkeypatch):
                 time.sleep(WAITED_S)
                 waited.append(registering())
             finally:
-                os.kill(pid, signal.SIGCONT)
+                procs.send(controller, signal.SIGCONT)
 
         threading.Thread(target=stop_until_every_engine_waited, daemon=True).start()
         return await real(self, *args, **kwargs)
