@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from . import procs
 from .env import TORCHRUN_VARIABLES, check_timeout, check_world_size, free_port
 from .errors import ConfigError, LaunchError
+from .text import replace_tracebacks
 
 HOST = "127.0.0.1"
 #: The variables a launcher may set for each rank, in the order tables show them.
@@ -62,6 +63,8 @@ _REPORT_DIR = "DDPLAB_LAUNCH_DIR"
 # After one command fails, the others get this long to exit by themselves (their own error
 # is often the real cause) before they are ended (``procs.END_GRACE_S`` after SIGTERM).
 _SETTLE_S = 5.0
+# torchrun's agent raises this on the SIGTERM that ends it: when ddplab sent it, one line instead.
+_SIGNALLED = "torch.distributed.elastic.multiprocessing.api.SignalException:"
 _RANK_MARK = re.compile(r"\[rank (\d+)\] ?")
 
 
@@ -281,11 +284,10 @@ def command_line(launch: Launch, index: int = 0) -> str:
 
 
 # ----------------------------------------------------------------- the runner
-# Put on the launched processes' PYTHONPATH as sitecustomize.py: once torch.distributed
-# is imported, each init_process_group that succeeds leaves a file in the launch's folder,
-# and one in a restarted torchrun attempt meets under keys of its own attempt.
-# (torch.distributed imports distributed_c10d's names when it loads, so the wrapper must be
-# in place before that: a finder wraps the module as it is executed.)
+# On the launched processes' PYTHONPATH as sitecustomize.py: each init_process_group that
+# succeeds leaves a file in the launch's folder, and one in a restarted torchrun attempt meets
+# under keys of its own attempt. (torch.distributed imports distributed_c10d's names as it
+# loads, so a finder wraps the module as it is executed.)
 _HOOK = """
 import importlib.machinery, inspect, os, sys
 
@@ -336,12 +338,10 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
         given, env = env or {}, {k: v for k, v in os.environ.items()
                                  # Only the launcher decides these, so a table shows what it set.
                                  if k not in TORCHRUN_VARIABLES and k != "TORCHELASTIC_USE_AGENT_STORE"}
-        hook = os.path.join(folder, "hook")
-        os.mkdir(hook)
+        os.mkdir(hook := os.path.join(folder, "hook"))
         with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
             f.write(_HOOK)
-        tmp = os.path.join(folder, "tmp")   # mp.spawn's error files, torchrun's logs: gone with it
-        os.mkdir(tmp)
+        os.mkdir(tmp := os.path.join(folder, "tmp"))  # mp.spawn's error files, torchrun's logs: gone with it
         env.update({_REPORT_DIR: folder, "TMPDIR": tmp, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
                     "PYTHONPATH": os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))},
                    **given)
@@ -350,7 +350,10 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
         # lead sessions of their own; the group notes them while it waits.
         ran = procs.Group(commands, env=env).start().wait(timeout, settle=_SETTLE_S)
         clean = _cleaner(folder, ports)
-        launcher = "\n".join(clean(done.output) for done in ran)
+        why = f"timeout={timeout:g} s ran out" if ran.timed_out else "another launcher failed"
+        ended = f"ddplab ended this launcher with SIGTERM: {why} (torch's traceback for it left out)"
+        launcher = "\n".join(clean(replace_tracebacks(done.output, _SIGNALLED, ended)
+                                   if done.ended else done.output) for done in ran)
         attempts = 1
         if torchrun_nproc is None:
             rank_output = _rank_lines(launcher)
@@ -444,5 +447,4 @@ def _failure_message(result: Launch, timeout: float) -> str:
 
 
 def _tail(text: str, n: int) -> str:
-    lines = text.rstrip().splitlines()
-    return "\n".join(lines[-n:]) if lines else "(nothing)"
+    return "\n".join(text.rstrip().splitlines()[-n:]) or "(nothing)"

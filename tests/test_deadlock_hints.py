@@ -57,6 +57,25 @@ def test_ddp_made_on_rank_0_only_says_the_constructor_is_a_collective(fresh_lab)
     assert "a %%ranks cell, not %%rank 0 and not under `if rank == 0:`" in message
 
 
+def test_a_send_and_its_recv_with_different_tags(fresh_lab):
+    message = _hang(fresh_lab, "t = torch.zeros(1)\n"
+                               "if rank == 0:\n"
+                               "    dist.send(t, dst=1, tag=1)\n"
+                               "else:\n"
+                               "    dist.recv(t, src=0, tag=2)\n")
+    assert ("Hint: rank 0 sends to rank 1 with tag=1, and rank 1 waits in recv from rank 0 "
+            "with tag=2") in message, message
+    assert "the same tag" in message
+
+
+def test_a_broadcast_whose_source_is_each_ranks_own(fresh_lab):
+    message = _hang(fresh_lab, "t = torch.zeros(1)\n"
+                               "dist.broadcast(t, src=dist.get_rank())\n")
+    assert ("Hint: the ranks name different sources in broadcast: src=0 on rank 0, src=1 on "
+            "rank 1") in message, message
+    assert "src=rank, or src=dist.get_rank(), makes each rank its own source" in message
+
+
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 
 

@@ -77,6 +77,21 @@ def test_files_named_on_the_command_line_keep_their_names(tmp_path):
         handed_in([tmp_path / "nobody"], NAMES)
 
 
+def test_nbgrader_assignment_folders_named_one_by_one_are_still_named_by_student(tmp_path):
+    # `ddplab grade submitted/*/ps1`: each folder named is "ps1"; the student is the one above it
+    root = tmp_path / "submitted"
+    alice, bob = _notebook(root / "alice" / "ps1" / NAME), _notebook(root / "bob" / "ps1" / NAME)
+    again = _notebook(root / "alice" / "ps1-late" / NAME)
+    found = handed_in([root / "alice" / "ps1", root / "bob" / "ps1", root / "alice" / "ps1-late"],
+                      NAMES)
+    assert [(h.student, h.path, bool(h.refused)) for h in found] == [
+        ("alice", alice, False), ("bob", bob, False), ("alice", again, True)]   # was "ps1" x3
+    assert f"is a second {NAME} of alice's" in found[2].refused and str(alice) in found[2].refused
+    # a student's folder, or one file in it, named alone
+    assert [h.student for h in handed_in([root / "bob"], NAMES)] == ["bob"]
+    assert [h.student for h in handed_in([bob], NAMES)] == ["bob"]
+
+
 @pytest.mark.slow               # it grades: a kernel per submission
 def test_a_class_of_abuses_is_reported_row_by_row_and_nothing_opens_the_fifo(class_folder):
     rows = class_run.grade([class_folder], ROOT / "notebooks", jobs=2)

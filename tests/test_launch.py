@@ -11,6 +11,7 @@ from conftest import alive, my_process_tree
 
 import ddplab
 from ddplab import launch
+from ddplab.text import replace_tracebacks
 
 pytestmark = pytest.mark.slow
 
@@ -189,7 +190,20 @@ def test_hanging_launch_is_ended_at_the_timeout(tmp_path, nothing_left):
     result = info.value.launch
     assert result.timed_out and result.returncodes == [None]
     assert sorted(result.reports) == [0, 1]     # both workers were really running
+    # ddplab's own SIGTERM is said in one line, not by torch's SignalException traceback
+    assert ("ddplab ended this launcher with SIGTERM: timeout=25 s ran out (torch's traceback for "
+            "it left out)") in result.launcher_output, result.launcher_output
+    assert "SignalException" not in str(info.value) and "Traceback" not in result.launcher_output
     assert_gone(result)
+
+
+def test_only_the_named_tracebacks_are_replaced():
+    text = ("before\nTraceback (most recent call last):\n  File \"run.py\", line 1, in <module>\n"
+            "    main()\nSignalX: Process 7 got signal: 15\nbetween\n"
+            "Traceback (most recent call last):\n  File \"a.py\", line 2\nValueError: kept\n")
+    assert replace_tracebacks(text, "SignalX:", "one line") == (
+        "before\none line\nbetween\nTraceback (most recent call last):\n  File \"a.py\", line 2\n"
+        "ValueError: kept\n")
 
 
 @pytest.mark.parametrize("call,words", [

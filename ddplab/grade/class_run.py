@@ -56,6 +56,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -334,6 +335,9 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
         if ran.timed_out:
             return Grade(student, ref.stem, str(path),
                          error=f"not graded: grading took longer than {deadline:g} s and was stopped")
+        killed = killed_reason(ran[0].returncode, sandboxed) if not ran[0].ended else ""
+        if killed:
+            return Grade(student, ref.stem, str(path), error=killed)
         if ran[0].returncode != 0 or not out.exists():
             last = (ran[0].output.strip().splitlines() or ["no message"])[-1]
             return Grade(student, ref.stem, str(path),
@@ -345,6 +349,32 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
               if step.role == "other" and step.status != "ok"]
     return Grade(student, ref.stem, str(path), marks=marks, seconds=time.monotonic() - begin,
                  cells_failed=failed)
+
+
+def killed_reason(returncode: int | None, sandboxed: bool) -> str:
+    """The reason for a grading worker that a signal ended ("" if it exited by itself, or a
+    terminal's Ctrl-C, SIGINT, reached it: the grader stops then too).
+
+    Not the worker's last stderr line: it had no chance to say anything, and that line is
+    whatever its kernel logged last (a start-up warning), which reads as the cause. Its
+    own kernel's code is what reaches it (a submission that kills its ancestors); the
+    grader ends a worker only at the deadline, reported apart. bubblewrap reports a
+    child a signal ended as 128 + the signal's number.
+    """
+    number = (-returncode if returncode is not None and returncode < 0 else
+              returncode - 128 if sandboxed and returncode is not None and 128 < returncode < 160
+              else None)
+    if number is None or number == signal.SIGINT:
+        return ""
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    return (f"not graded: the submission killed its grader: the grading worker that runs its "
+            f"kernel was ended by {name} while the notebook ran, which a notebook does when its "
+            f"code signals its kernel's parent processes (os.getppid()) or others it did not "
+            f"start. Such code cannot be graded. (If the notebook does no such thing, the machine "
+            f"ran out of memory: see dmesg.)")
 
 
 def _worker(argv: list[str]) -> int:

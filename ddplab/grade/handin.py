@@ -14,7 +14,11 @@ to be what it claims to be:
   under the folder named (``submitted/alice/...``, however deep nbgrader's
   layout puts the file: ``submitted/alice/ps1/01_x.ipynb`` is Alice's), so a
   second copy deeper in Alice's folder (``alice/zoe/01_x.ipynb``) is refused,
-  not graded as a student called ``zoe``.
+  not graded as a student called ``zoe``. Wherever a path has nbgrader's
+  ``submitted/<student>/<assignment>/`` in it, the student is the folder under
+  ``submitted``, however the paths were named (``submitted/*/ps1``, or a
+  student's folder alone): not ``ps1`` for all. Two paths named that hold one
+  student's notebook twice: the first is graded, the second refused.
 
 Each refused entry is still a row of the class's report, with its reason: the
 run always completes and reports every submission. ``read_text`` opens a file
@@ -70,7 +74,16 @@ def _why_not(path: Path) -> str:
     return ""
 
 
+#: The folder nbgrader collects hand-ins in: ``submitted/<student>/<assignment>/<notebook>``.
+NBGRADER_FOLDER = "submitted"
+
+
 def _student(path: Path, root: Path | None, reference_names: set[str]) -> str:
+    # Named below nbgrader's submitted/<student>/ (submitted/*/ps1, a student's folder, a file
+    # in it): the student is the folder under submitted, not the first one under what was named.
+    named = (root if root is not None else path.parent).absolute().parts
+    if NBGRADER_FOLDER in named[:-1]:
+        return named[len(named) - named[::-1].index(NBGRADER_FOLDER)]
     if root is not None:
         parts = path.relative_to(root).parts
         if len(parts) > 1:
@@ -105,11 +118,18 @@ def handed_in(paths: list[str | Path], reference_names: set[str]) -> list[HandIn
     """
     found: list[HandIn] = []
     seen: set[Path] = set()
+    first: dict[tuple[str, str], Path] = {}
     for named in map(Path, paths):
         for handin in _named(named, reference_names):
-            if handin.path.absolute() not in seen:     # a file named twice is one submission
-                seen.add(handin.path.absolute())
-                found.append(handin)
+            if handin.path.absolute() in seen:           # a file named twice is one submission
+                continue
+            seen.add(handin.path.absolute())
+            graded = first.setdefault((handin.student, handin.path.name), handin.path)
+            if not handin.refused and graded != handin.path:   # named apart: submitted/*/ps1
+                handin = HandIn(handin.path, handin.student,
+                                f"is a second {handin.path.name} of {handin.student}'s; one "
+                                f"submission per notebook per student: {graded} is the one graded")
+            found.append(handin)
     return found
 
 

@@ -325,7 +325,7 @@ class Calls:
         collectives = self.engines.collectives(list(range(self.engines.world_size)),
                                                time.monotonic() + 2)
         lines += flight.report(collectives, busy)
-        hint = diagnose.deadlock_hint(states, where, stacks)
+        hint = diagnose.deadlock_hint(states, where, stacks) or flight.call_hint(collectives)
         if hint:
             lines.append(hint)
         for rank, stack in stacks.items():

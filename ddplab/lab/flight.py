@@ -12,6 +12,11 @@ issued on that group), and one plain verdict:
 - a rank waiting in collective #N that another rank never reached: that rank
   called fewer collectives (one skipped behind an ``if rank == ...``, or a
   loop with fewer steps).
+
+Each rank also says the send, recv or broadcast its main thread is in, with its
+peer and tag (``ddplab.rank.flight.current_call``); ``call_hint`` names two
+mistakes no stack shows: a send and its recv with different tags, and a
+broadcast whose ``src`` differs between ranks (``src=rank``).
 """
 
 from __future__ import annotations
@@ -82,7 +87,8 @@ def report(answers: dict[int, list[dict]], busy: list[int] = ()) -> list[str]:
     ``busy``: ranks still running their own code (``diagnose.busy_in_a_cell``): one of them
     behind the others has not reached the collective *yet*; it may be slow, not have skipped it.
     """
-    latest = {rank: _latest(records) for rank, records in sorted(answers.items())}
+    latest = {rank: _latest([r for r in records if "call" not in r])
+              for rank, records in sorted(answers.items())}
     groups = sorted({group for per_rank in latest.values() for group in per_rank})
     if not any(r["active"] for per_rank in latest.values() for r in per_rank.values()):
         return []             # nobody waits in a collective (a send/recv deadlock, a join)
@@ -131,4 +137,40 @@ def _verdict(group: str, latest: dict[int, dict[str, dict]], busy: set[int]) -> 
                 f"{group}, which {plural(len(behind), 'rank')} {', '.join(map(str, behind))} "
                 f"never reached: {'it' if len(behind) == 1 else 'they'} issued fewer "
                 f"collectives (one skipped behind an `if rank == ...`, or fewer loop steps).")
+    return ""
+
+
+def _peer(args: dict, *names: str) -> int | None:
+    return next((args[name] for name in names if name in args), None)
+
+
+def call_hint(answers: dict[int, list[dict]]) -> str:
+    """A hint from the arguments of the calls the ranks wait in ("" when no mistake shows).
+
+    ``dst``/``src`` are global ranks; ``group_dst``/``group_src`` stand in where the code
+    named only those (the same numbers on the default group, where these mistakes are made).
+    """
+    calls = {rank: records[0] for rank, records in answers.items()
+             if records and "call" in records[0]}
+    sends = {rank: c["args"] for rank, c in calls.items() if c["call"] in ("send", "isend")}
+    recvs = {rank: c["args"] for rank, c in calls.items() if c["call"] in ("recv", "irecv")}
+    for rank, args in sorted(sends.items()):
+        dst = _peer(args, "dst", "group_dst")
+        got = recvs.get(dst)
+        if got is None or _peer(got, "src", "group_src") not in (rank, None):
+            continue
+        if got.get("tag", 0) != args.get("tag", 0):
+            return (f"Hint: rank {rank} sends to rank {dst} with tag={args.get('tag', 0)}, and "
+                    f"rank {dst} waits in recv from rank {rank} with tag={got.get('tag', 0)}: a "
+                    f"recv takes only a message sent with its own tag, so the two never meet. "
+                    f"Give both sides the same tag (or leave tag out on both: it is 0).")
+    sources = {rank: _peer(c["args"], "src", "group_src") for rank, c in calls.items()
+               if c["call"] == "broadcast"}
+    if len(sources) > 1 and len(set(sources.values())) > 1:
+        named = ", ".join(f"src={src} on rank {rank}" for rank, src in sorted(sources.items()))
+        own = all(src == rank for rank, src in sources.items())
+        return (f"Hint: the ranks name different sources in broadcast: {named}. src is the one "
+                f"rank whose tensor every rank receives, so it must be the same number on every "
+                f"rank" + (" (src=rank, or src=dist.get_rank(), makes each rank its own source: "
+                           "write src=0, or the rank that holds the data)." if own else "."))
     return ""

@@ -162,7 +162,13 @@ class LocalRanks:
         config.LocalEngineSetLauncher.engine_cmd = _GUARD + ["ipyparallel.engine"]
         config.LocalEngineSetLauncher.engine_args = [
             # No nanny process: ddplab signals its engines itself (ddplab.procs).
-            "--IPEngine.enable_nanny=False", "--IPEngine.wait_for_url_file=120"]
+            "--IPEngine.enable_nanny=False", "--IPEngine.wait_for_url_file=120",
+            # An engine waits for the controller's answer to its registration as long as the
+            # start waits for the engine, not ipyparallel's 5 s: the controller writes the file
+            # engines wait for, then starts its schedulers before it answers, which took over
+            # 5 s on a loaded machine; the engine then exited for good, and the start waited
+            # for it until its timeout (tests/test_slow_controller.py).
+            f"--IPEngine.timeout={cluster.engine_timeout}"]
         config.LocalEngineSetLauncher.delay = 0
         engine_env = dict(parent, DDPLAB_PRELOAD="torch",
                           # Set before torch loads, so its thread pool obeys it.

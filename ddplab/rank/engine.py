@@ -15,6 +15,7 @@ makes the notebook's stored output identical from run to run.
 from __future__ import annotations
 
 import ast
+import asyncio
 import datetime
 import faulthandler
 import linecache
@@ -25,7 +26,7 @@ import traceback
 from typing import Any, Callable
 
 from ..env import TORCHRUN_VARIABLES
-from . import debugger, flight, output
+from . import awaiting, debugger, flight, output
 from .where import CELL_FILENAME  # "<rank cell 3>": ``where`` owns the spelling
 
 _state: dict[str, Any] = {"cells": 0, "store": None, "stack_file": None}
@@ -224,7 +225,11 @@ def relative_to_site_packages(text: str) -> str:
 
 
 def _is_user_file(filename: str) -> bool:
-    return filename != __file__
+    # A cell that awaits runs under awaiting.run and asyncio's loop: theirs are not the user's.
+    return filename not in (__file__, awaiting.__file__) and not filename.startswith(_ASYNCIO)
+
+
+_ASYNCIO = os.path.dirname(asyncio.__file__) + os.sep
 
 
 def _display_value(value: Any) -> None:
@@ -250,8 +255,8 @@ def _quiet(code: str) -> bool:
 def run_cell(source: str, pdb: bool = False) -> dict:
     """Run notebook cell source in this rank's namespace, like a Python prompt.
 
-    IPython syntax (``%time``, ``!ls``) works; the last expression's value is
-    displayed. ``pdb``: stop in the debugger at the cell's first line
+    IPython syntax (``%time``, ``!ls``) and top-level ``await`` (``awaiting``) work;
+    the last expression's value is displayed. ``pdb``: stop in the debugger at the cell's first line
     (``%%rank N --pdb``; see ``debugger``). Returns ``{"ok", "events", "error"}``.
     """
     _state["cells"] += 1
@@ -269,9 +274,10 @@ def run_cell(source: str, pdb: bool = False) -> dict:
             ns = namespace()
             if pdb:
                 debugger.trace_cell()
-            exec(compile(tree, filename, "exec"), ns)
+            awaiting.run(awaiting.compile_cell(tree, filename, "exec"), ns)
             if last is not None:
-                value = eval(compile(ast.Expression(last.value), filename, "eval"), ns)
+                value = awaiting.run(awaiting.compile_cell(ast.Expression(last.value), filename,
+                                                           "eval"), ns)
                 if not _quiet(code):         # a trailing ";" hides the value, as in IPython
                     _display_value(value)
         except BaseException as exc:  # KeyboardInterrupt too: it is the rank's outcome

@@ -11,8 +11,10 @@ A stuck rank's main thread is inside C++, so no Python code of the kernel's
 can run there. ``serve`` starts a thread that sleeps on a named pipe (a FIFO in
 the lab's private directory): when the kernel writes to it, the thread reads
 the recorder (torch's collectives release the GIL while they wait) and writes
-a summary next to it. The same thread answers a ``lab.trace()`` that met a hang
-with what the trace recorded up to it (``QUESTIONS``). Costs nothing while nobody asks.
+a summary next to it, with the arguments of the send, recv or broadcast the
+main thread is in (``current_call``: the recorder does not keep them). The
+same thread answers a ``lab.trace()`` that met a hang with what the trace
+recorded up to it (``QUESTIONS``). Costs nothing while nobody asks.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 
 log = logging.getLogger(__name__)
@@ -103,12 +106,39 @@ def summary() -> list[dict]:
     return [record for records in latest.values() for record in records[-_KEEP_PER_GROUP:]]
 
 
+#: The calls whose arguments a hang report may need, and the arguments kept (plain ints only).
+_CALLS = ("send", "recv", "isend", "irecv", "broadcast")
+_ARGS = ("src", "dst", "tag", "group_src", "group_dst")
+
+
+def current_call() -> dict | None:
+    """The torch.distributed call the main thread is in, with its peer and tag arguments.
+
+    The recorder does not see them: on gloo it records no send or recv, and a
+    broadcast without its source. A stuck main thread waits in C++ with the GIL
+    released, so this thread reads its Python frames (``sys._current_frames``):
+    the innermost ``send``/``recv``/``broadcast`` of ``distributed_c10d`` and its
+    locals, e.g. ``{"call": "send", "args": {"dst": 1, "tag": 1}}``. None when
+    the main thread is in none of them.
+    """
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in _CALLS and code.co_filename.endswith("distributed_c10d.py"):
+            found = frame.f_locals
+            return {"call": code.co_name, "args": {name: found[name] for name in _ARGS
+                                                   if type(found.get(name)) is int}}
+        frame = frame.f_back
+    return None
+
+
 def _answer(what: int, path: str) -> None:
     if what == ord("T"):
         from . import trace  # imported here: only a trace that met a hang asks
         answer = trace.snapshot()
-    else:
-        answer = summary()
+    else:                                 # the call the rank is in first, then its collectives
+        call = current_call()
+        answer = ([call] if call else []) + summary()
     partial = path + ".partial"
     with open(partial, "w") as out:
         json.dump(answer, out)

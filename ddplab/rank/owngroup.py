@@ -43,7 +43,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from ..errors import DdplabError
-from . import recorder
+from . import recorder, rpcstate
 
 log = logging.getLogger(__name__)
 
@@ -261,11 +261,13 @@ def set_aside(env: dict[str, str] | None = None, run_id: str = "") -> Iterator[N
     _state["meet"] = ((given["MASTER_ADDR"], int(given["MASTER_PORT"]))
                       if "MASTER_ADDR" in given and "MASTER_PORT" in given else None)
     try:
-        yield
+        with rpcstate.meeting_at(_state["meet"]):   # init_rpc meets at the run's store too
+            yield
     finally:
         _state["aside"] -= 1
         try:
             recorder.settle_groups()       # and the code's own groups, before they end
+            rpcstate.end()                 # an RPC agent the code left, and RPC's counters
             _end_own_groups()
         finally:
             for name in _MAPS:

@@ -16,7 +16,7 @@ import sys
 import types
 from typing import Any
 
-from . import owngroup
+from . import owngroup, rpcstate
 
 #: Modules that earlier scripts imported from their own folders (dropped before the next run).
 _script_modules: set[str] = set()
@@ -43,6 +43,7 @@ def run_script(path: str, argv: list[str], env: dict[str, str]) -> None:
     module = types.ModuleType("__main__")
     module.__file__ = path
     main, inits = sys.modules.get("__main__"), owngroup.inits()
+    rpc_inits = rpcstate.inits()
     folder = os.path.dirname(os.path.abspath(path))
     _forget_script_modules(folder)
     before = set(sys.modules)
@@ -64,9 +65,9 @@ def run_script(path: str, argv: list[str], env: dict[str, str]) -> None:
                                    if _inside(sys.modules[name], folder))
             _rank_namespace().update({k: v for k, v in module.__dict__.items()
                                        if not (k.startswith("__") and k.endswith("__"))})
-    if owngroup.inits() == inits:
+    if owngroup.inits() == inits and rpcstate.inits() == rpc_inits:
         print(f"ddplab: the script finished on rank {env.get('RANK', '?')} without forming a "
-              f"process group (it never called init_process_group): it ran as one process, "
+              f"process group (it never called init_process_group nor rpc.init_rpc): it ran as one process, "
               f"not as part of {env.get('WORLD_SIZE', 'the')} ranks. A script that needs a GPU "
               f"may have skipped its training here (torch.cuda.is_available() is "
               f"{_cuda_available()}).", file=sys.stderr, flush=True)

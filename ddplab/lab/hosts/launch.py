@@ -158,7 +158,9 @@ class HostEngines:
         launcher = _LAUNCHER_CLASS[self.engines]
         # The guard preloads torch; no parent watch: the kernel is not the parent there.
         c[launcher].engine_cmd = [self.remote_python, *_GUARD, "ipyparallel.engine"]
-        c[launcher].engine_args = [f"--IPEngine.max_heartbeat_misses={ENGINE_MISSES}"]
+        # As a local lab's: an engine waits for the controller's answer as long as the start waits.
+        c[launcher].engine_args = [f"--IPEngine.max_heartbeat_misses={ENGINE_MISSES}",
+                                   f"--IPEngine.timeout={cluster.engine_timeout}"]
         c[launcher].environment = {"DDPLAB_PRELOAD": "torch", "OMP_NUM_THREADS": str(
             omp_threads(max(self.counts.values()) if self.counts else 1))}
         if spec.debug:
