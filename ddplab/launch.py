@@ -17,8 +17,10 @@ What it guarantees:
 
 - Ports come from the OS (``ddplab.env.free_port``), never a fixed 29500, so
   two launches, or a launch beside a lab, do not collide.
+- ``timeout`` is a no-progress one: a job that prints or computes runs on; one whose
+  processes neither print nor use the CPU for ``timeout`` s is stuck (``procs.Group.wait``).
 - Every process a launch started is ended when it returns, even when the
-  script fails or hangs past ``timeout``: the launcher's session, and every
+  script fails or hangs: the launcher's session, and every
   process it started (torchrun puts each worker in a session of its own, so
   ddplab notes them while it waits), by one ``ddplab.procs.Group``.
 - Output comes back per rank, in rank order: torchrun writes each worker's
@@ -348,7 +350,7 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
         # Each launcher leads a session of its own: ending it ends the children
         # that stay in it (mp.spawn's), and never the kernel. torchrun's workers
         # lead sessions of their own; the group notes them while it waits.
-        ran = procs.Group(commands, env=env).start().wait(timeout, settle=_SETTLE_S)
+        ran = procs.Group(commands, env=env).start().wait(timeout, settle=_SETTLE_S, progress=True)
         clean = _cleaner(folder, ports)
         launcher = "\n".join(clean(done.output) for done in ran)
         attempts = 1
@@ -426,9 +428,9 @@ def _torchrun_logs(folder: str, nnodes: int, nproc: int, clean) -> tuple[dict[in
 def _failure_message(result: Launch, timeout: float) -> str:
     what = "\n  ".join(command_line(result, i) for i in range(len(result.commands)))
     if result.timed_out:
-        head = (f"ddplab: the launch did not finish within timeout={timeout:g} s; every process it "
-                f"started was ended. The ranks are probably waiting for each other (or for a rank "
-                f"that never started).")
+        head = (f"ddplab: the launch made no progress for timeout={timeout:g} s (no output, no CPU "
+                f"time used); every process it started was ended. The ranks are probably waiting "
+                f"for each other (or for a rank that never started).")
         fix = "Fix the script, or give it longer: timeout=..."
     else:
         ended = "; None: ended by ddplab after another failed" if None in result.returncodes else ""
