@@ -331,7 +331,9 @@ class Calls:
                     watch: Watch | None = None) -> HangError:
         states = {t.rank: ("still running" if t.outcome is None else
                            "finished" if t.outcome["ok"] else "failed") for t in tasks}
-        where, stacks = self._locate([t for t in tasks if t.outcome is None], 4)
+        still = sorted({t.rank for t in tasks if t.outcome is None})
+        seen = watch.seen(still) if watch is not None else None   # the stacks it just read
+        where, stacks = seen or self._locate([t for t in tasks if t.outcome is None], 4)
         busy = sorted(r for r in where if diagnose.busy_in_a_cell(where[r], stacks.get(r, "")))
         head = watch.headline(timeout) if watch is not None else ""
         lines = [head or f"ddplab: the {what} did not finish within timeout={timeout:g} s; "

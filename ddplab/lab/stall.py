@@ -43,6 +43,7 @@ import time
 from .. import procs
 from ..rank.where import locate
 from ..text import plural
+from . import diagnose
 from .ranks import Ranks
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class Watch:
         self._cpu: dict[int, float] = {}
         self._flight: dict[int, str] = {}
         self._where: dict[int, str] = {}
+        self._frames: dict[int, list] = {}   # the stacks of the last look
 
     def begin(self, ranks: list[int]) -> None:
         """Note where a job starts from: its CPU time and recorder (a cell's deadline needs none)."""
@@ -98,7 +100,7 @@ class Watch:
 
     def more(self, ranks: list[int], timeout: float) -> float:
         """At an expiry, with ``ranks`` still running: seconds to wait on (0: stop here)."""
-        frames = self.engines.frames(ranks, time.monotonic() + LOOK_S)
+        frames = self._frames = self.engines.frames(ranks, time.monotonic() + LOOK_S)
         found = {rank: locate(f) for rank, f in frames.items() if f}
         self.waiting = {rank: where.in_dist for rank, where in found.items()}
         returned = [rank for rank in ranks if code_returned(frames.get(rank, []))]
@@ -124,6 +126,14 @@ class Watch:
             return left
         self.stopped = "stalled"
         return 0.0
+
+    def seen(self, ranks: list[int]) -> tuple[dict, dict] | None:
+        """Where ``ranks`` were at the last look, and their stacks, as ``Ranks.locate`` says it;
+        None unless that look read every one of them (the hang report reads them itself)."""
+        if not ranks or any(not self._frames.get(rank) for rank in ranks):
+            return None
+        return ({rank: diagnose.where(self._frames[rank]) for rank in ranks},
+                {rank: diagnose.format_stack(self._frames[rank]) for rank in ranks})
 
     def _progress(self, ranks: list[int], frames: dict, found: dict, returned: list[int],
                   window: float) -> str:
