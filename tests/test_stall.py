@@ -84,6 +84,17 @@ def test_a_spawned_job_that_computes_past_its_timeout_returns_its_result(fresh_l
     assert fresh_lab.healthy
 
 
+def test_a_limit_caps_a_job_that_makes_progress(fresh_lab):
+    begin = time.monotonic()
+    with pytest.raises(ddplab.HangError) as info:
+        fresh_lab.spawn(computing_job, args=(1000, CPU_STEP_S), timeout=TIMEOUT, limit=1.5 * TIMEOUT)
+    assert time.monotonic() - begin < 1.5 * TIMEOUT + REPORT_S
+    message = str(info.value)
+    assert message.startswith(f"ddplab: the job ran for limit={1.5 * TIMEOUT:g} s, its cap, and was "
+                              f"stopped; it made progress"), message
+    assert "never reached" not in message and "(a deadlock)" not in message
+
+
 def test_a_script_that_sleeps_between_collectives_runs_to_its_end(fresh_lab, tmp_path, capsys):
     script = tmp_path / "sleepy.py"
     script.write_text(SLEEPY_SCRIPT)

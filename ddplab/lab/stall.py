@@ -110,16 +110,16 @@ class Watch:
                           "the way: waiting on", returned)
                 return timeout
             return 0.0
-        left = timeout
-        if self.limit is not None:
-            left = min(timeout, self._begin + self.limit - time.monotonic())
-            if left <= 0:
-                self.stopped = "limit"
-                return 0.0
         why = self._progress(ranks, frames, found, returned, timeout)
         if not found and not self._cpu:
             self.stopped = "timeout"         # nothing readable (ranks on other hosts): a plain timeout
             return 0.0
+        left = timeout
+        if why and self.limit is not None:
+            left = min(timeout, self._begin + self.limit - time.monotonic())
+            if left <= 0:
+                self.stopped = "limit"
+                return 0.0
         if why:
             log.debug("ddplab: the job is not stuck at its timeout (%s): waiting another %.3g s",
                       why, left)
@@ -164,8 +164,8 @@ class Watch:
     def headline(self, timeout: float) -> str:
         """The first words of the hang report of a job this watch stopped ("" if it did not)."""
         if self.stopped == "limit":
-            return (f"ddplab: the job ran for limit={self.limit:g} s, the cap you set, and was still "
-                    f"running (it was making progress: no hang was seen).")
+            return (f"ddplab: the job ran for limit={self.limit:g} s, its cap, and was stopped; it "
+                    f"made progress in the last {timeout:g} s, so this is no sign of a hang.")
         if self.stopped != "stalled":
             return ""
         head = f"ddplab: no rank made progress for {timeout:g} s"
