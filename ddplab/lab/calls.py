@@ -189,7 +189,7 @@ class Calls:
         own_ids = {id(t) for t in (tasks if own is None else own)}
         if watch is not None:
             watch.begin(sorted({t.rank for t in tasks}))
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (timeout if watch is None else watch.first(timeout))
         failed_at = None
         board = bars.ProgressBars()              # live bars, once a rank calls progress.report
         areas = live.Board()                     # live output, once a rank prints

@@ -85,7 +85,7 @@ class Watch:
         self.limit = limit
         self.stopped = ""                # "stalled", "limit" or "": why the wait ended
         self.waiting: dict[int, bool] = {}   # at the last look: which ranks wait in communication
-        self._begin = time.monotonic()
+        self._begin = self._looked = time.monotonic()
         self._cpu: dict[int, float] = {}
         self._flight: dict[int, str] = {}
         self._where: dict[int, str] = {}
@@ -93,10 +93,14 @@ class Watch:
 
     def begin(self, ranks: list[int]) -> None:
         """Note where a job starts from: its CPU time and recorder (a cell's deadline needs none)."""
-        self._begin = time.monotonic()
+        self._begin = self._looked = time.monotonic()
         if self.job:
             self._cpu = self.engines.cpu_seconds(ranks)
             self._flight = self._recorders(ranks)
+
+    def first(self, timeout: float) -> float:
+        """How long the wait lasts before its first look: ``timeout``, or less if the cap is less."""
+        return timeout if self.limit is None or not self.job else min(timeout, self.limit)
 
     def more(self, ranks: list[int], timeout: float) -> float:
         """At an expiry, with ``ranks`` still running: seconds to wait on (0: stop here)."""
@@ -110,7 +114,7 @@ class Watch:
                           "the way: waiting on", returned)
                 return timeout
             return 0.0
-        why = self._progress(ranks, frames, found, returned, timeout)
+        why = self._progress(ranks, found, returned)
         if not found and not self._cpu:
             self.stopped = "timeout"         # nothing readable (ranks on other hosts): a plain timeout
             return 0.0
@@ -135,10 +139,9 @@ class Watch:
         return ({rank: diagnose.where(self._frames[rank]) for rank in ranks},
                 {rank: diagnose.format_stack(self._frames[rank]) for rank in ranks})
 
-    def _progress(self, ranks: list[int], frames: dict, found: dict, returned: list[int],
-                  window: float) -> str:
+    def _progress(self, ranks: list[int], found: dict, returned: list[int]) -> str:
         """Why the job progressed since the last look ("" if it did not); notes this look."""
-        reasons = []
+        reasons, window, self._looked = [], time.monotonic() - self._looked, time.monotonic()
         if returned:
             reasons.append(f"{plural(len(returned), 'rank')} {_names(returned)} returned")
         cpu = self.engines.cpu_seconds(ranks)
