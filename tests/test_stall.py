@@ -18,8 +18,11 @@ from conftest import cell_error
 
 import ddplab
 from ddplab import launch
+from ddplab.lab import stall
 
-pytestmark = pytest.mark.slow
+#: The tests that start jobs on the session lab, or a launch, are of the slow tier; the
+#: decisions on recorded stacks and readings below are not.
+slow = pytest.mark.slow
 
 TIMEOUT = 1.0
 #: Steps of each job, and the seconds each takes (asleep, or of CPU time): 3 timeouts or more.
@@ -74,6 +77,7 @@ dist.destroy_process_group()
 """
 
 
+@slow
 def test_a_spawned_job_that_computes_past_its_timeout_returns_its_result(fresh_lab, caplog):
     caplog.set_level(logging.DEBUG, logger="ddplab.lab.stall")
     begin = time.monotonic()
@@ -84,6 +88,7 @@ def test_a_spawned_job_that_computes_past_its_timeout_returns_its_result(fresh_l
     assert fresh_lab.healthy
 
 
+@slow
 def test_a_limit_caps_a_job_that_makes_progress(fresh_lab):
     begin = time.monotonic()
     with pytest.raises(ddplab.HangError) as info:
@@ -95,6 +100,7 @@ def test_a_limit_caps_a_job_that_makes_progress(fresh_lab):
     assert "never reached" not in message and "(a deadlock)" not in message
 
 
+@slow
 def test_a_script_that_sleeps_between_collectives_runs_to_its_end(fresh_lab, tmp_path, capsys):
     script = tmp_path / "sleepy.py"
     script.write_text(SLEEPY_SCRIPT)
@@ -104,6 +110,7 @@ def test_a_script_that_sleeps_between_collectives_runs_to_its_end(fresh_lab, tmp
     assert capsys.readouterr().out.count(f"sum {2 ** STEPS}\n") == 2
 
 
+@slow
 def test_a_deadlock_under_spawn_stops_within_two_timeouts_saying_so(fresh_lab):
     begin = time.monotonic()
     with pytest.raises(ddplab.HangError) as info:
@@ -117,6 +124,7 @@ def test_a_deadlock_under_spawn_stops_within_two_timeouts_saying_so(fresh_lab):
     assert "(a deadlock)" in message and "rank 0: still in recv" in message
 
 
+@slow
 def test_a_big_result_is_not_a_hang(fresh_lab, caplog):
     # 64 MB a rank: pickled twice on each rank (once to check it can be sent) and carried
     # through the controller, 1 to 2 s here, several times the 0.3 s timeout; 256 MB takes
@@ -149,6 +157,7 @@ def drop_big() -> None:
     engine.namespace().pop("_big", None)
 
 
+@slow
 def test_a_cell_queued_behind_a_busy_rank_cell_names_the_earlier_cells_line(shell, fresh_lab):
     assert cell_error(shell, "%%rank 0 --grace 0.5\nimport time\nx = 1\ntime.sleep(60)") is None
     error = cell_error(shell, "%%ranks --timeout 1\ny = 2\nz = 3\nprint(y + z)")
@@ -158,6 +167,7 @@ def test_a_cell_queued_behind_a_busy_rank_cell_names_the_earlier_cells_line(shel
     assert "rank 1: finished" in str(error)
 
 
+@slow
 def test_a_launched_job_that_prints_past_its_timeout_completes(tmp_path):
     script = tmp_path / "steps.py"
     script.write_text(textwrap.dedent(f"""
@@ -169,3 +179,72 @@ def test_a_launched_job_that_prints_past_its_timeout_completes(tmp_path):
     result = launch.spawn(str(script), nprocs=1, timeout=TIMEOUT)
     assert result.ok
     assert result.rank_output[0].split("\n")[-2] == f"step {STEPS - 1}"
+
+
+# ------------------------------------------------------------ the decisions, on recorded readings
+ENGINE = "/x/site-packages/ddplab/rank/engine.py"
+C10D = "/x/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def test_a_rank_has_returned_once_no_frame_runs_the_call():
+    in_code = [("/home/me/train.py", 12, "step"), (ENGINE, 299, "call")]
+    checking = [("/x/site-packages/cloudpickle/cloudpickle.py", 1313, "dump"),
+                (ENGINE, 331, "_sendable"), (ENGINE, 305, "call")]
+    sending = [("/x/site-packages/ipyparallel/serialize/serialize.py", 113, "serialize_object"),
+               ("/x/site-packages/ipyparallel/engine/kernel.py", 168, "do_apply")]
+    assert not stall.code_returned(in_code)
+    assert not stall.code_returned([(C10D, 9, "all_reduce"), *in_code])
+    assert stall.code_returned(checking) and stall.code_returned(sending)
+    assert not stall.code_returned([])           # an unread stack proves nothing
+
+
+class Readings:
+    """A ``Ranks`` that answers ``Watch``'s three questions from lists, one answer per look."""
+
+    def __init__(self, cpu: list[float], flight: list[str], frames: list) -> None:
+        self._cpu, self._flight, self._frames = cpu, flight, frames
+
+    def cpu_seconds(self, ranks):
+        return {rank: self._cpu.pop(0) for rank in ranks}
+
+    def collectives(self, ranks, deadline):
+        return {rank: [self._flight.pop(0)] for rank in ranks}
+
+    def frames(self, ranks, deadline):
+        return {rank: self._frames.pop(0) for rank in ranks}
+
+
+IN_RECV = [(C10D, 9, "recv"), ("/home/me/train.py", 3, "main"), (ENGINE, 299, "call")]
+ASLEEP = [("/home/me/train.py", 7, "main"), (ENGINE, 299, "call")]
+
+
+@pytest.mark.parametrize("cpu,flight,frames,stopped", [
+    ([0.0, 5.0, 5.0], ["a", "a", "a"], [IN_RECV, IN_RECV], ""),        # it computed: on
+    ([0.0, 0.0, 0.0], ["a", "b", "b"], [IN_RECV, IN_RECV], ""),        # a collective moved: on
+    ([0.0, 0.01, 0.02], ["a", "a", "a"], [IN_RECV, IN_RECV], "stalled"),  # a gloo wait's CPU
+    ([0.0, 0.0, 0.0], ["a", "a", "a"], [ASLEEP, ASLEEP], "stalled"),
+])
+def test_a_job_runs_on_while_a_rank_progresses(cpu, flight, frames, stopped):
+    watch = stall.Watch(Readings(cpu, flight, frames), job=True)
+    watch.begin([0])
+    watch._looked -= 1.0                          # the window: one second
+    assert bool(watch.more([0], 1.0)) == (not stopped)
+    if stopped:                                   # the second look finds nothing new either
+        assert watch.stopped == "stalled"
+    else:
+        watch._looked -= 1.0
+        assert not watch.more([0], 1.0) and watch.stopped == "stalled"
+
+
+def test_a_stalled_jobs_report_says_who_waits_in_communication():
+    watch = stall.Watch(Readings([], [], []), job=True)
+    watch.stopped, watch.waiting = "stalled", {0: True, 1: True}
+    assert watch.headline(60) == ("ddplab: no rank made progress for 60 s: every rank waits in "
+                                  "communication (no CPU time used, no collective finished), so "
+                                  "they are waiting for each other (a deadlock).")
+    watch.waiting = {0: False, 1: True}
+    assert watch.headline(60) == (
+        "ddplab: no rank made progress for 60 s: rank 0 is in its own code, not a "
+        "torch.distributed call, but sits there without using the CPU (sleeping, or waiting on a "
+        "lock, a file, a queue), and rank 1 waits in communication (for it).")
+    assert stall.Watch(Readings([], [], [])).headline(60) == ""    # a cell's deadline: as before
