@@ -17,10 +17,11 @@ What it guarantees:
 
 - Ports come from the OS (``ddplab.env.free_port``), never a fixed 29500, so
   two launches, or a launch beside a lab, do not collide.
-- Every process a launch started is ended when it returns, even when the
-  script fails or hangs past ``timeout``: the launcher's session, and every
-  process it started (torchrun puts each worker in a session of its own, so
-  ddplab notes them while it waits), by one ``ddplab.procs.Group``.
+- ``timeout`` is a no-progress one: a job that prints or computes runs on; one whose
+  processes neither print nor use the CPU for ``timeout`` s is stuck (``procs.Group.wait``).
+- Every process a launch started is ended when it returns, even when the script fails
+  or hangs: the launcher's session, and every process it started (torchrun puts each
+  worker in a session of its own, so ddplab notes them while it waits), by one ``procs.Group``.
 - Output comes back per rank, in rank order: torchrun writes each worker's
   stdout to its own file (``--log-dir``/``--redirects``); for ``spawn``, lines
   a rank prints as ``[rank N] ...`` are grouped under rank N. Ports and
@@ -50,6 +51,7 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import procs
 from .env import TORCHRUN_VARIABLES, check_timeout, check_world_size, free_port
@@ -345,12 +347,13 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
         env.update({_REPORT_DIR: folder, "TMPDIR": tmp, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
                     "PYTHONPATH": os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))},
                    **given)
-        # Each launcher leads a session of its own: ending it ends the children
-        # that stay in it (mp.spawn's), and never the kernel. torchrun's workers
-        # lead sessions of their own; the group notes them while it waits.
-        ran = procs.Group(commands, env=env).start().wait(timeout, settle=_SETTLE_S)
+        # Each launcher leads a session of its own: ending it ends the children that stay in it
+        # (mp.spawn's), never the kernel. torchrun's workers lead sessions of their own; the
+        # group notes them while it waits.
+        ran = procs.Group(commands, env=env).start().wait(timeout, settle=_SETTLE_S, progress=True)
         clean = _cleaner(folder, ports)
-        why = f"timeout={timeout:g} s ran out" if ran.timed_out else "another launcher failed"
+        why = (f"no progress for timeout={timeout:g} s" if ran.timed_out
+               else "another launcher failed")
         ended = f"ddplab ended this launcher with SIGTERM: {why} (torch's traceback for it left out)"
         launcher = "\n".join(clean(replace_tracebacks(done.output, _SIGNALLED, ended)
                                    if done.ended else done.output) for done in ran)
@@ -416,11 +419,8 @@ def _torchrun_logs(folder: str, nnodes: int, nproc: int, clean) -> tuple[dict[in
             attempts = max(attempts, len(found))
             parts = []
             for k, where in enumerate(found):
-                text = ""
-                for stream in ("stdout.log", "stderr.log"):
-                    path = os.path.join(where, stream)
-                    if os.path.exists(path):
-                        text += open(path).read()
+                paths = [os.path.join(where, stream) for stream in ("stdout.log", "stderr.log")]
+                text = "".join(Path(path).read_text() for path in paths if os.path.exists(path))
                 parts.append(text if len(found) == 1 else f"[attempt {k}]\n{text}")
             out[node * nproc + local] = clean("".join(parts))
     return dict(sorted(out.items())), attempts
@@ -429,9 +429,9 @@ def _torchrun_logs(folder: str, nnodes: int, nproc: int, clean) -> tuple[dict[in
 def _failure_message(result: Launch, timeout: float) -> str:
     what = "\n  ".join(command_line(result, i) for i in range(len(result.commands)))
     if result.timed_out:
-        head = (f"ddplab: the launch did not finish within timeout={timeout:g} s; every process it "
-                f"started was ended. The ranks are probably waiting for each other (or for a rank "
-                f"that never started).")
+        head = (f"ddplab: the launch made no progress for timeout={timeout:g} s (no output, no CPU "
+                f"time used); every process it started was ended. The ranks are probably waiting "
+                f"for each other (or for a rank that never started).")
         fix = "Fix the script, or give it longer: timeout=..."
     else:
         ended = "; None: ended by ddplab after another failed" if None in result.returncodes else ""

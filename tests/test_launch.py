@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import textwrap
+import time
 
 import pytest
 from conftest import alive, my_process_tree
@@ -181,17 +182,21 @@ def test_failing_launch_raises_with_the_ranks_output_and_leaves_nothing(tmp_path
     assert_gone(info.value.launch)
 
 
-def test_hanging_launch_is_ended_at_the_timeout(tmp_path, nothing_left):
-    # 25 s: both workers start (torch's import, the rendezvous) and report well within it on
-    # 2 busy cores; the hang is rank 0's hour-long sleep, so any timeout shows the same ending.
-    with pytest.raises(launch.LaunchError, match=r"did not finish within timeout=25 s; every "
-                                                 r"process it started was ended") as info:
-        launch.torchrun(write(tmp_path, "hang.py", HANG_SCRIPT), nproc_per_node=2, timeout=25)
+def test_hanging_launch_is_ended_after_a_timeout_without_progress(tmp_path, nothing_left):
+    # The workers' start (torch's import, the rendezvous) uses the CPU: progress, however long
+    # it takes on 2 busy cores. Then rank 0 sleeps an hour and rank 1 waits in the barrier:
+    # no output, no CPU, and the launch ends a whole timeout later.
+    begin = time.monotonic()
+    with pytest.raises(launch.LaunchError, match=r"made no progress for timeout=5 s \(no output, "
+                                                 r"no CPU time used\); every process it started "
+                                                 r"was ended") as info:
+        launch.torchrun(write(tmp_path, "hang.py", HANG_SCRIPT), nproc_per_node=2, timeout=5)
+    assert time.monotonic() - begin >= 5
     result = info.value.launch
     assert result.timed_out and result.returncodes == [None]
     assert sorted(result.reports) == [0, 1]     # both workers were really running
     # ddplab's own SIGTERM is said in one line, not by torch's SignalException traceback
-    assert ("ddplab ended this launcher with SIGTERM: timeout=25 s ran out (torch's traceback for "
+    assert ("ddplab ended this launcher with SIGTERM: no progress for timeout=5 s (torch's traceback for "
             "it left out)") in result.launcher_output, result.launcher_output
     assert "SignalException" not in str(info.value) and "Traceback" not in result.launcher_output
     assert_gone(result)

@@ -216,3 +216,40 @@ def test_each_command_leads_a_session_unless_told_otherwise():
     assert session == pid
     session, pid = map(int, ours[0].output.split())
     assert session == os.getsid(0) != pid
+
+
+# ------------------------------------------------------------ a no-progress timeout
+def test_a_job_that_prints_or_computes_past_its_timeout_runs_to_its_end():
+    printing = python("""
+        import time
+        for step in range(8):
+            print("step", step, flush=True)
+            time.sleep(0.25)            # quiet between lines: only the output shows progress
+    """)
+    computing = python("""
+        import time
+        end = time.process_time() + 1.0
+        while time.process_time() < end:
+            pass                        # 1 s of CPU, past the timeout on any machine; no output
+        print("done", flush=True)
+    """)
+    timeout = 0.5
+    # A plain timeout ends the printing job: the same job is what the no-progress one lets run.
+    assert procs.Group([printing]).start().wait(timeout).stopped == "timeout"
+    ran = procs.Group([printing, computing]).start().wait(timeout, progress=True)
+    assert ran.ok and ran.stopped == "", ran
+    assert ran[0].output.split() == [word for step in range(8) for word in ("step", str(step))]
+    assert ran[1].output == "done\n"
+
+
+def test_a_quiet_idle_job_is_stalled_and_a_limit_caps_a_busy_one():
+    timeout = 1.0
+    begin = time.monotonic()
+    ran = procs.Group([python("import time; time.sleep(600)")]).start().wait(timeout, progress=True)
+    took = time.monotonic() - begin
+    assert ran.timed_out and ran.stopped == "stalled" and ran.returncodes == [None]
+    # Python's start uses the CPU in the first window: the second (or, loaded, third) ends it.
+    assert timeout <= took < 4 * timeout + procs.END_GRACE_S, took
+    busy = python("while True:\n    pass")
+    ran = procs.Group([busy]).start().wait(timeout, progress=True, limit=2 * timeout)
+    assert ran.timed_out and ran.stopped == "limit"

@@ -182,7 +182,9 @@ def own_group_demo(fn: Callable, lab: Any = None) -> None:
     __tracebackhide__ = True
     lab = lab_or_current(lab)
     n = lab.world_size
-    got = lab.spawn(fn, args=(n,))
+    # A cap: a function that loops for ever keeps a rank busy, which a job's timeout calls
+    # progress; the demo takes a second, so a check still ends.
+    got = lab.spawn(fn, args=(n,), limit=2 * lab.spec.timeout)
     compare("what fn(rank, world_size) returned through lab.spawn", [float(n * (n + 1) // 2)] * n,
             [float(g) if isinstance(g, (int, float)) else g for g in got],
             hint="call dist.init_process_group('gloo', rank=rank, world_size=world_size) first, "

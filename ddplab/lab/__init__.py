@@ -36,6 +36,9 @@ Failure modes, and what you see
   ``HangError`` says per rank whether it finished, failed or is still running,
   and where a stuck rank is blocked, e.g. ``rank 0: still in send (cell line 3)``.
   The stuck engines cannot be freed from inside; ``lab.restart()`` recovers.
+  Sending a result back is not counted. For jobs (``lab.spawn``,
+  ``lab.run_script``) ``timeout`` is a no-progress timeout: a long job that
+  computes or communicates runs on (``ddplab.lab.stall``).
 - A ``%%rank N`` cell that is still running after ``grace`` seconds (a send
   waiting for its recv) returns at once and keeps running on its rank; its
   output appears under the next ddplab cell that finishes, or ``lab.wait()``.
@@ -75,7 +78,8 @@ Where things are
 - ``template``: engines forked from a warm process that imported torch once.
 - ``display``: rank-ordered output in the notebook; ``live``: output while a cell runs.
 - ``diagnose``: where a stuck rank is blocked, from its stack, and why an engine died;
-  ``flight``: which collective each rank is in (torch's flight recorder), for ``HangError``.
+  ``flight``: which collective each rank is in (torch's flight recorder), for ``HangError``;
+  ``stall``: whether a call past its timeout is stuck, or a long job still making progress.
 
 Every process a lab starts is ended by ``ddplab.procs``.
 

@@ -160,6 +160,9 @@ class AttachedRanks:
     def collectives(self, ranks: list[int], deadline: float) -> dict[int, list[dict]]:
         return {}
 
+    def cpu_seconds(self, ranks: list[int]) -> dict[int, float]:
+        return {}
+
     def recorded(self, ranks: list[int], deadline: float) -> dict[int, dict]:
         """A stuck rank's recording cannot be read from here (``Trace.salvage``): the trace is cut."""
         return {}

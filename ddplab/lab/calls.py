@@ -8,7 +8,10 @@ each rank's output in rank order, and turns what happened into one outcome:
 - a rank raised: ``RankError`` with its traceback (at once if the others are
   stuck waiting for it: they are reported where they wait);
 - the ranks did not finish within the timeout: ``HangError`` saying where each
-  stuck rank is (``ddplab.lab.diagnose``);
+  stuck rank is (``ddplab.lab.diagnose``). What counts as the timeout is a
+  ``stall.Watch``'s: a cell's code gets ``timeout`` (sending its result back is
+  not counted); a job (``lab.spawn``, ``lab.run_script``) ends only after a
+  whole timeout without progress;
 - a ``%%rank N`` cell still running after its grace: it stays *pending*, says
   whether it waits for another rank, and its output and errors come with the
   next call that finishes (labelled as that earlier cell's);
@@ -30,6 +33,7 @@ from ..errors import DdplabError, EngineDiedError, HangError, RankError
 from ..text import plural
 from . import bars, debugger, diagnose, display, flight, live
 from .ranks import Loss, Ranks
+from .stall import Watch
 
 #: After one rank fails, how long the others get to finish before we conclude
 #: they are waiting for it (in a collective, or a recv) and report the failure.
@@ -126,18 +130,21 @@ class Calls:
                 raise rank_error(failures)
             raise self._hang_error(tasks, timeout, "init_process_group")
 
-    def finish(self, tasks: list[Task], timeout: float, grace: float | None) -> None:
+    def finish(self, tasks: list[Task], timeout: float, grace: float | None,
+               watch: Watch | None = None) -> None:
         """Wait for ``tasks`` and earlier pending tasks, show output, raise on failure.
 
         A failure of an earlier cell (one left running after its grace) is shown,
         labelled as that cell's, and never fails this call or changes its result.
+        ``watch``: what the timeout means (``stall``); by default a cell's deadline.
         """
         pending, self.pending = self.pending, []
         everything = pending + tasks
-        state = self._wait(everything, timeout if grace is None else grace, own=tasks)
+        watch = None if grace is not None else watch or Watch(self.engines)
+        state = self._wait(everything, timeout if grace is None else grace, own=tasks, watch=watch)
         if state == "timeout" and grace is None:
             self._replay(everything, stuck=True)
-            raise self._hang_error(everything, timeout, "cell")
+            raise self._hang_error(everything, timeout, "cell", watch)
         still = [t for t in everything if t.outcome is None]
         failures = _failures(tasks)
         if failures:
@@ -169,16 +176,20 @@ class Calls:
         earlier, self.pending = self.pending, []
         self.finish(earlier, timeout, grace=None)
 
-    def _wait(self, tasks: list[Task], timeout: float, own: list[Task] | None = None) -> str:
+    def _wait(self, tasks: list[Task], timeout: float, own: list[Task] | None = None,
+              watch: Watch | None = None) -> str:
         """Wait for ``tasks``; return ``"done"``, ``"failed"`` or ``"timeout"``.
 
         ``"failed"``: a rank failed and the others have not finished for
         ``FAILURE_SETTLE`` seconds, so they are most likely waiting for it.
         Only failures of ``own`` (default: all of ``tasks``) count: an earlier
-        cell's late failure blocks nobody in this call.
+        cell's late failure blocks nobody in this call. ``watch``: asked at
+        each expiry whether to wait on (``stall``); None: the timeout is final.
         """
         own_ids = {id(t) for t in (tasks if own is None else own)}
-        deadline = time.monotonic() + timeout
+        if watch is not None:
+            watch.begin(sorted({t.rank for t in tasks}))
+        deadline = time.monotonic() + (timeout if watch is None else watch.first(timeout))
         failed_at = None
         board = bars.ProgressBars()              # live bars, once a rank calls progress.report
         areas = live.Board()                     # live output, once a rank prints
@@ -206,7 +217,12 @@ class Calls:
                 if failed_at is not None and now - failed_at >= FAILURE_SETTLE:
                     return "failed"
                 if now >= deadline:
-                    return "timeout"
+                    more = 0.0 if watch is None else \
+                        watch.more(sorted({t.rank for t in undone}), timeout)
+                    if not more:
+                        return "timeout"
+                    deadline = time.monotonic() + more
+                    continue
                 if not undone[0].result.wait(min(0.2, deadline - now)):
                     self.check_alive()           # no news for a while: is someone dead?
         except KeyboardInterrupt:
@@ -311,21 +327,36 @@ class Calls:
         lines.append("Those ranks cannot be freed from inside. Recover with: lab.restart()")
         return RankError("\n".join(lines), failures)
 
-    def _hang_error(self, tasks: list[Task], timeout: float, what: str) -> HangError:
+    def _hang_error(self, tasks: list[Task], timeout: float, what: str,
+                    watch: Watch | None = None) -> HangError:
         states = {t.rank: ("still running" if t.outcome is None else
                            "finished" if t.outcome["ok"] else "failed") for t in tasks}
-        where, stacks = self._locate([t for t in tasks if t.outcome is None], 4)
+        still = sorted({t.rank for t in tasks if t.outcome is None})
+        seen = watch.seen(still) if watch is not None else None   # the stacks it just read
+        where, stacks = seen or self._locate([t for t in tasks if t.outcome is None], 4)
         busy = sorted(r for r in where if diagnose.busy_in_a_cell(where[r], stacks.get(r, "")))
-        lines = [f"ddplab: the {what} did not finish within timeout={timeout:g} s; "
+        head = watch.headline(timeout) if watch is not None else ""
+        lines = [head or f"ddplab: the {what} did not finish within timeout={timeout:g} s; "
                  + diagnose.headline(busy, sorted(set(where) - set(busy)), timeout)]
+        # A rank still running an earlier cell (a %%rank cell left running) is at that cell's
+        # line; this cell waits behind it on that rank's queue.
+        earlier = {t.rank for t in tasks if t.outcome is None and t.note} & \
+            {t.rank for t in tasks if not t.note}
         for rank, state in states.items():
-            lines.append(f"  rank {rank}: " + (f"still {where[rank]}" if rank in where else state))
+            at = where.get(rank, "")
+            if rank in earlier and at:
+                at += " of the earlier cell, which still runs there (this cell waits behind it)"
+            lines.append(f"  rank {rank}: " + (f"still {at}" if at else state))
         if any(diagnose.waiting_to_join(w) for w in where.values()):
             lines.append(diagnose.join_hint(self.engines.world_size))
         collectives = self.engines.collectives(list(range(self.engines.world_size)),
                                                time.monotonic() + 2)
-        lines += flight.report(collectives, busy)
-        hint = diagnose.deadlock_hint(states, where, stacks) or flight.call_hint(collectives)
+        capped = watch is not None and watch.stopped == "limit"
+        # A job stopped at its cap was moving: no verdict on who waits for whom.
+        lines += [line for line in flight.report(collectives, busy)
+                  if not (capped and line.startswith("ddplab:"))]
+        hint = "" if capped else (diagnose.deadlock_hint(states, where, stacks)
+                                  or flight.call_hint(collectives))
         if hint:
             lines.append(hint)
         for rank, stack in stacks.items():

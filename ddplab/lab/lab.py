@@ -249,6 +249,10 @@ class Lab:
     def _timeout(self, timeout: float | None) -> float:
         return self.spec.timeout if timeout is None else check_timeout(timeout)
 
+    @staticmethod
+    def _limit(limit: float | None) -> float | None:
+        return None if limit is None else check_timeout(limit, "limit", example=3600)
+
     def run(self, fn: Callable, *args: Any, ranks: Iterable[int] | None = None,
             timeout: float | None = None, **kwargs: Any) -> Any:
         """Call ``fn(*args, **kwargs)`` on every rank (or on ``ranks``) and return the results.
@@ -353,23 +357,30 @@ class Lab:
 
     # ------------------------------------------------------------- code with its own group
     def spawn(self, fn: Callable, args: tuple = (), timeout: float | None = None, *,
-              nprocs: int | None = None, join: bool = True) -> list[Any]:
+              nprocs: int | None = None, join: bool = True,
+              limit: float | None = None) -> list[Any]:
         """Call ``fn(rank, *args)`` on every rank, as ``torch.multiprocessing.spawn`` would.
 
         For code that makes its own process group (``init_process_group`` ...
         ``destroy_process_group``), like the DDP tutorial's ``demo_basic``: the lab's
         group is set aside while it runs and is back afterwards. Returns the results,
         a list indexed by rank. ``nprocs`` (if given) must be the lab's world_size.
+
+        ``timeout`` is a no-progress timeout: a job that computes, or whose collectives
+        move, runs on past it; ``HangError`` once no rank made progress for a whole
+        ``timeout`` (``ddplab.lab.stall``). ``limit`` (seconds): the job's whole time at most.
         """
         return owncode.spawn(self._calls, fn, args, self._timeout(timeout), nprocs=nprocs,
-                             join=join)
+                             join=join, limit=self._limit(limit))
 
-    def run_script(self, path: str, *argv: Any, timeout: float | None = None) -> None:
+    def run_script(self, path: str, *argv: Any, timeout: float | None = None,
+                   limit: float | None = None) -> None:
         """Run a Python script as ``__main__`` on every rank, as ``torchrun`` would.
 
         Each rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
         ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_*``) and ``sys.argv = [path,
         *argv]``; the lab's group is set aside while it runs. Output comes back by rank;
         the script's globals stay in each rank's namespace (``%%ranks`` can look at them).
+        ``timeout`` and ``limit`` as for ``spawn``: a script that makes progress runs on.
         """
-        owncode.run_script(self._calls, path, argv, self._timeout(timeout))
+        owncode.run_script(self._calls, path, argv, self._timeout(timeout), self._limit(limit))

@@ -268,6 +268,12 @@ class LocalRanks:
         return flight.ask({rank: (self._stack_file(rank) + ".fr", self._stack_file(rank) + ".fr.json")
                            for rank in ranks}, deadline)
 
+    def cpu_seconds(self, ranks: list[int]) -> dict[int, float]:
+        """The CPU time each rank's engine and its live descendants (a DataLoader's workers) used."""
+        return {rank: sum(procs.cpu_times([self._handles[rank],
+                                           *procs.descendants(self._handles[rank])]).values())
+                for rank in ranks}
+
     def recorded(self, ranks: list[int], deadline: float) -> dict[int, dict]:
         """What a running ``lab.trace()`` recorded so far on each rank, even a stuck one."""
         return flight.ask({rank: (self._stack_file(rank) + ".fr",

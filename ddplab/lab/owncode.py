@@ -18,6 +18,12 @@ Both take the lab's ``Calls`` (what they send, and its ``engines``: the world
 size and the hosts), never the ``Lab``; ``Lab.spawn`` and ``Lab.run_script``
 pass it with the timeout resolved.
 
+Both run jobs, so their ``timeout`` is a no-progress timeout (``ddplab.lab.stall``):
+a training run that computes, or whose collectives move, runs on past it; the
+job ends with a ``HangError`` only once no rank made progress for a whole
+timeout, and that error's first line says whether every rank waited in
+communication. ``limit=`` (seconds) caps the whole run, if given.
+
 Either way the ranks meet at a fresh store rank 0 holds for the run, as
 torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE``), whatever port the
 code names (``ddplab.rank.owngroup`` says why).
@@ -39,6 +45,7 @@ from ..env import worker_env
 from ..errors import ConfigError, DdplabError
 from ..rank import engine, owngroup, script
 from .calls import Calls
+from .stall import Watch
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +83,7 @@ def send_as_it_is_now(fn: Callable) -> None:
 
 
 def spawn(calls: Calls, fn: Callable, args: tuple, timeout: float,
-          nprocs: int | None = None, join: bool = True) -> list[Any]:
+          nprocs: int | None = None, join: bool = True, limit: float | None = None) -> list[Any]:
     """``fn(rank, *args)`` on every rank with the lab's group set aside; results by rank."""
     if not callable(fn):
         raise ConfigError(f"ddplab: lab.spawn needs a function to call as fn(rank, *args), but "
@@ -105,13 +112,14 @@ def spawn(calls: Calls, fn: Callable, args: tuple, timeout: float,
                                               "RANK": str(rank),
                                               "WORLD_SIZE": str(world_size)}, run_id), {})
                  for rank in range(world_size)]
-        calls.finish(tasks, timeout, grace=None)
+        calls.finish(tasks, timeout, grace=None, watch=Watch(calls.engines, job=True, limit=limit))
     finally:
         _close_store(calls, timeout)
     return [task.outcome["value"] for task in sorted(tasks, key=lambda t: t.rank)]
 
 
-def run_script(calls: Calls, path: str | os.PathLike, argv: tuple, timeout: float) -> None:
+def run_script(calls: Calls, path: str | os.PathLike, argv: tuple, timeout: float,
+               limit: float | None = None) -> None:
     """Run ``path`` as ``__main__`` on every rank, as under torchrun; see the module docstring."""
     if not isinstance(path, (str, os.PathLike)):
         raise ConfigError(f"ddplab: lab.run_script needs the path of a Python file, but got "
@@ -129,7 +137,7 @@ def run_script(calls: Calls, path: str | os.PathLike, argv: tuple, timeout: floa
     try:
         tasks = [calls.call(rank, engine.call, script.run_script, (path, args, envs[rank]), {})
                  for rank in range(calls.engines.world_size)]
-        calls.finish(tasks, timeout, grace=None)
+        calls.finish(tasks, timeout, grace=None, watch=Watch(calls.engines, job=True, limit=limit))
     finally:
         _close_store(calls, timeout)
 

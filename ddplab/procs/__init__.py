@@ -29,11 +29,14 @@ from __future__ import annotations
 from .group import Exit, Group, Results, run
 from .reaper import become_subreaper, end_descendants, hide_memory, parent_gone
 from .tree import (
+                   BUSY_SHARE,
                    END_GRACE_S,
                    KILL_WAIT_S,
                    Member,
                    Tree,
                    alive,
+                   cpu_times,
+                   cpu_used,
                    descendants,
                    end_tree,
                    process,
@@ -43,6 +46,7 @@ from .tree import (
                    start,
 )
 
-__all__ = ["END_GRACE_S", "Exit", "Group", "KILL_WAIT_S", "Member", "Results", "Tree", "alive",
-           "become_subreaper", "descendants", "end_descendants", "end_tree", "hide_memory",
-           "parent_gone", "process", "reap_adopted", "run", "run_command", "send", "start"]
+__all__ = ["BUSY_SHARE", "END_GRACE_S", "Exit", "Group", "KILL_WAIT_S", "Member", "Results", "Tree",
+           "alive", "become_subreaper", "cpu_times", "cpu_used", "descendants", "end_descendants",
+           "end_tree", "hide_memory", "parent_gone", "process", "reap_adopted", "run", "run_command",
+           "send", "start"]

@@ -21,7 +21,12 @@ through it, so one set of rules holds for all of them:
 - Wait: ``wait(timeout, settle)`` returns when every command has exited; or
   ``settle`` seconds after the first one failed (the others get that long to
   exit by themselves, so that their own error message, often the real
-  cause, is kept; ``settle=0`` stops at once); or at ``timeout``.
+  cause, is kept; ``settle=0`` stops at once); or at ``timeout``. With
+  ``progress=True`` the timeout is a *no-progress* one: at each expiry the
+  wait goes on while the job made progress in that window (a command wrote
+  output, or the tree used ``BUSY_SHARE`` of a core), so a long healthy job
+  is never cut; ``limit`` caps the whole wait if asked. ``Results.stopped``
+  says which ended it.
 - End: ``close(grace)`` ends the whole tree by ``Tree.end`` (SIGTERM, ``grace``
   seconds, SIGKILL), every session the commands lead included, and the
   descendants noted while waiting (torchrun's workers lead sessions of their
@@ -41,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from .tree import END_GRACE_S, Tree, start
+from .tree import BUSY_SHARE, END_GRACE_S, Tree, cpu_times, cpu_used, start
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +83,9 @@ class Results:
     """What a group's commands did, by rank (``results[rank]``)."""
     exits: dict[int, Exit] = field(default_factory=dict)
     timed_out: bool = False
+    #: Why the wait stopped before every command ended by itself: ``"timeout"`` (a plain
+    #: timeout), ``"stalled"`` (no progress for a whole timeout), ``"limit"``; "" otherwise.
+    stopped: str = ""
 
     def __getitem__(self, rank: int) -> Exit:
         return self.exits[rank]
@@ -136,6 +144,7 @@ class Group:
         self._chunks: list[list[bytes]] = []
         self._partial: list[bytes] = []        # the start of a line not yet ended, per rank
         self._timed_out = False
+        self._stopped = ""
         self._results: Results | None = None
 
     # ------------------------------------------------------------------ start
@@ -174,10 +183,18 @@ class Group:
         return codes
 
     def wait(self, timeout: float | None, settle: float = 0.0,
-             grace: float = END_GRACE_S) -> Results:
-        """Wait as the module docstring says, then ``close(grace)``; the results by rank."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        failed_at = None
+             grace: float = END_GRACE_S, *, progress: bool = False,
+             limit: float | None = None) -> Results:
+        """Wait as the module docstring says, then ``close(grace)``; the results by rank.
+
+        ``progress``: ``timeout`` ends the wait only after a whole timeout without progress
+        (no output from any command, less than ``BUSY_SHARE`` of a core used by the tree);
+        ``limit``: seconds after which the wait ends whatever the job does (None: never).
+        """
+        begin = time.monotonic()
+        deadline = None if timeout is None else begin + timeout
+        cap = None if limit is None else begin + limit
+        failed_at, seen = None, self._activity() if progress else None
         try:
             while True:
                 codes = self.poll()
@@ -188,13 +205,42 @@ class Group:
                     failed_at = now
                 if failed_at is not None and now - failed_at >= settle:
                     break
+                if cap is not None and now >= cap:
+                    self._timed_out, self._stopped = True, "limit"
+                    break
                 if deadline is not None and now >= deadline:
+                    if seen is not None:
+                        now_seen = self._activity()
+                        if self._progressed(seen, now_seen, timeout):
+                            seen, deadline = now_seen, now + timeout
+                            continue
                     self._timed_out = True
+                    self._stopped = "stalled" if progress else "timeout"
                     break
                 time.sleep(POLL_S)
         finally:
             results = self.close(grace)
         return results
+
+    def _activity(self) -> tuple[int, dict[int, float]]:
+        """What the job has done so far: bytes its commands wrote, CPU seconds by process."""
+        written = 0
+        for file in self._files:
+            written += os.fstat(file.fileno()).st_size
+        if self._note:
+            self._tree.note()
+        return written, cpu_times(self._tree.members)
+
+    @staticmethod
+    def _progressed(before: tuple[int, dict[int, float]], after: tuple[int, dict[int, float]],
+                    window: float) -> bool:
+        """Whether the job made progress between two ``_activity`` readings ``window`` apart."""
+        wrote, used = after[0] > before[0], cpu_used(before[1], after[1])
+        if wrote or used >= BUSY_SHARE * window:
+            log.debug("ddplab: the job is still working at its timeout (output: %s, CPU %.2f s "
+                      "in %.3g s): waiting on", wrote, used, window)
+            return True
+        return False
 
     def wait_for_line(self, rank: int, line: str, timeout: float | None = None) -> bool:
         """Wait until rank ``rank`` has printed ``line`` as a whole line.
@@ -240,7 +286,8 @@ class Group:
                     file.close()
         self._results = Results({rank: Exit(rank, self.commands[rank], p.returncode, ended[rank],
                                             self.output(rank))
-                                 for rank, p in enumerate(self.processes)}, self._timed_out)
+                                 for rank, p in enumerate(self.processes)}, self._timed_out,
+                                self._stopped)
         return self._results
 
     # ---------------------------------------------------------------- output

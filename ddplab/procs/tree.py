@@ -42,6 +42,10 @@ KILL_WAIT_S = 10.0
 #: How long a supervised group's processes get to act on SIGTERM before they are
 #: killed: torchrun, told to stop, ends its workers itself and says why.
 END_GRACE_S = 3.0
+#: A job made progress over a window when its processes used at least this share of one core
+#: in it (``cpu_used`` over the window's seconds): a rank waiting in gloo uses about 0.005, one
+#: computing up to 1, and still about 0.3 on two cores shared by six busy processes.
+BUSY_SHARE = 0.1
 
 
 def process(member: Member) -> psutil.Process | None:
@@ -72,6 +76,32 @@ def descendants(member: Member) -> list[psutil.Process]:
         return handle.children(recursive=True) if handle is not None else []
     except psutil.Error:
         return []
+
+
+def cpu_times(members: Iterable[Member]) -> dict[int, float]:
+    """The CPU time (user and system, in seconds) each live process among ``members`` used so
+    far, by pid.
+
+    What tells a long job from a stuck one: a process computing, or moving a collective's data,
+    uses a core; one waiting in gloo for another rank uses about 0.5% of one.
+    """
+    times: dict[int, float] = {}
+    for member in members:
+        handle = process(member)
+        if handle is None or handle.pid in times:
+            continue
+        try:
+            used = handle.cpu_times()
+            times[handle.pid] = used.user + used.system
+        except psutil.Error:
+            pass                  # gone since: what it used is no longer anyone's to read
+    return times
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """The CPU seconds used between two ``cpu_times`` readings, by the processes alive at the
+    second (a process started meanwhile counts whole; one that ended meanwhile is not counted)."""
+    return sum(max(0.0, used - before.get(pid, 0.0)) for pid, used in after.items())
 
 
 def send(member: Member, sig: int) -> bool:

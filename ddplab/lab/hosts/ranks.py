@@ -273,6 +273,9 @@ class HostRanks:
     def collectives(self, ranks: list[int], deadline: float) -> dict[int, list[dict]]:
         return {}                   # the recorder's answer lives on the other host
 
+    def cpu_seconds(self, ranks: list[int]) -> dict[int, float]:
+        return {}                   # the processes are on the other host
+
     def recorded(self, ranks: list[int], deadline: float) -> dict[int, dict]:
         return {}                   # the trace of a stuck rank stays on the other host
 
