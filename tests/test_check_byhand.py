@@ -124,3 +124,48 @@ def test_average_gradients_flat_names_the_mistake_by_its_effect(fresh_lab, chang
     message = str(info.value)
     assert "After average_gradients_flat(model), " + words in message, message
     assert "expected True" not in message
+
+
+# Submissions that earn the point without averaging anything (issue 46): each passed while the
+# check computed its verdict on the ranks, from inputs any rank could compute.
+PATCHED_ITEM = """
+def average_gradients(model):
+    # The check measured its gap on the rank with .item(): make every .item() say 0.
+    import torch
+    if not hasattr(torch.Tensor, "real_item"):
+        torch.Tensor.real_item = torch.Tensor.item
+    torch.Tensor.item = lambda self: 0.0
+"""
+
+RECOMPUTED_INPUT = """
+steps_seen = {}
+
+def average_gradients(model):
+    # No communication: every rank's rows of the step were known, so compute the whole batch's
+    # gradient here.
+    import torch
+    import torch.nn.functional as F
+    from ddplab import data
+    step = steps_seen[id(model)] = (steps_seen.get(id(model), -1) + 1) % 5
+    train_set, _ = data.digits(dtype=torch.float64)
+    x, y = train_set[step * world_size * 8:(step + 1) * world_size * 8]
+    params = list(model.parameters())
+    for p, g in zip(params, torch.autograd.grad(F.cross_entropy(model(x), y), params)):
+        p.grad.copy_(g)
+"""
+
+
+def test_a_patch_of_torch_on_the_ranks_does_not_pass(fresh_lab):
+    fresh_lab.run_cell(PATCHED_ITEM)
+    try:
+        with pytest.raises(AssertionError, match="are not DDP's on ranks 0, 1"):
+            ddplab.check.average_gradients()
+    finally:
+        fresh_lab.run_cell("if hasattr(torch.Tensor, 'real_item'):\n"
+                           "    torch.Tensor.item = torch.Tensor.real_item\n")
+
+
+def test_gradients_computed_from_rows_a_rank_could_guess_do_not_pass(fresh_lab):
+    fresh_lab.run_cell(RECOMPUTED_INPUT)
+    with pytest.raises(AssertionError, match="are not DDP's on ranks 0, 1"):
+        ddplab.check.average_gradients()
