@@ -16,7 +16,10 @@ rank skips the blocks in its future; a wrong causal result is matched against
 the usual mistakes (the mask not offset by the block's place, offset by one
 block, the diagonal left out). ``ulysses``: only ``all_to_all`` may move data,
 each element of the slice once (not the whole slice to every rank); the pieces
-reshaped without moving the rank dimension are named.
+reshaped without moving the rank dimension are named. Its inputs are drawn for
+each check from a seed no rank sees, each rank sent only its own slices
+(``Lab.run_each``), and the answers are compared here: a rank can know another
+rank's slice only by communicating.
 """
 
 from __future__ import annotations
@@ -241,6 +244,15 @@ def ring_attention(fn: Callable, lab: Any = None) -> None:
 
 
 # ----------------------------------------------------------------- Ulysses
+def _drawn() -> tuple[Any, Any, Any]:
+    """Queries, keys and values of the check's shape from a seed drawn now, which no rank sees."""
+    import secrets
+
+    from ddplab import attention
+
+    return attention.qkv(SEQ, HEADS, DIM, secrets.randbits(40))
+
+
 def _unpermuted(pieces: list, p: int, shape: tuple) -> Any:
     """What rank r gets when the p pieces are put end to end with reshape, not permute."""
     import torch
@@ -258,9 +270,15 @@ def ulysses(to_heads: Callable, to_seq: Callable, lab: Any = None) -> None:
     lab = lab_or_current(lab)
     p = lab.world_size
     run_on_ranks(_ring.warm, lab=lab, timeout=WARM_UP)
+    # Drawn here for this check alone, each rank sent only its own slices: q, k, v, and the heads
+    # of another tensor for heads_to_seq (so that no input is another's answer).
+    (q, k, v), other = _drawn(), _drawn()[0]
+    own = {rank: (*(attention.shard(t, rank, p) for t in (q, k, v)), attention.shard(other, rank, p, 0))
+           for rank in range(p)}
     got = run_student_code("seq_to_heads / heads_to_seq", _ring.reshard_run, to_heads, to_seq,
-                           "ulysses", SEQ, HEADS, DIM, SEED, lab=lab, timeout=TIMEOUT,
+                           "ulysses", lab=lab, timeout=TIMEOUT, each=own,
                            hint="every rank must call all_to_all the same number of times.")
+    got = [got[rank] for rank in range(p)]
     _ring.raise_refusal(got)
     extra = [rank for rank, g in enumerate(got) if g["moved"] > g["slice"]]
     if extra:
@@ -270,10 +288,9 @@ def ulysses(to_heads: Callable, to_seq: Callable, lab: Any = None) -> None:
             f"slice of {g['slice']}: more than the slice itself. A re-shard sends each element once, "
             f"heads j*H/p.. to rank j (the piece for itself included); sending the whole slice to "
             f"every rank is an all_gather, p times the bytes.")
-    q = attention.qkv(SEQ, HEADS, DIM, SEED)[0]
     for rank, g in enumerate(got):
         heads = attention.shard(q, rank, p, 0)
-        seq = attention.shard(q, rank, p)
+        seq = attention.shard(other, rank, p)
         for name, expected, mine, given in (
                 ("seq_to_heads", heads, g["heads"], "its sequence slice (H, S/p, d)"),
                 ("heads_to_seq", seq, g["seq"], "its heads (H/p, S, d)")):
@@ -283,7 +300,7 @@ def ulysses(to_heads: Callable, to_seq: Callable, lab: Any = None) -> None:
             if name == "seq_to_heads":
                 pieces = [attention.shard(attention.shard(q, j, p), rank, p, 0) for j in range(p)]
             else:
-                pieces = [attention.shard(q, j, p, 0).reshape(p, HEADS // p, SEQ // p, DIM)[rank]
+                pieces = [attention.shard(other, j, p, 0).reshape(p, HEADS // p, SEQ // p, DIM)[rank]
                           for j in range(p)]
             if same(_unpermuted(pieces, p, tuple(expected.shape)), mine, ATOL):
                 why = ("the p pieces are in the right places as blocks, but were reshaped without "
@@ -297,7 +314,7 @@ def ulysses(to_heads: Callable, to_seq: Callable, lab: Any = None) -> None:
             raise AssertionError(f"{name} on rank {rank}, given {given}, returned {shown}: not "
                                  f"expected {list(expected.shape)} (one process, {ATOL:g})."
                                  f"\nHint: {why}.")
-    expected = _reference(True)
+    expected = attention.full(q, k, v, causal=True)
     wrong = [rank for rank, g in enumerate(got)
              if not same(attention.shard(expected, rank, p), g["attention"], ATOL)]
     if wrong:
