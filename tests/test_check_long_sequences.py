@@ -342,3 +342,26 @@ def test_ulysses_from_inputs_a_rank_could_compute_does_not_pass(fresh_lab):
     fails(lambda: check.ulysses(seq_to_heads_from_known_inputs, heads_to_seq_from_known_inputs),
           "seq_to_heads on rank 0, given its sequence slice (H, S/p, d), returned [8, 12, 5]: "
           "not expected [4, 24, 5]")
+
+
+def ring_attention_from_known_inputs(q, k, v, causal):
+    """A ring's messages and computes, with a mask gone wrong; the output recomputed in numpy
+    (unseen by the check's TorchFunctionMode) from the inputs the check used to make."""
+    import numpy as np
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    ring_attention(q, k, v, causal, local_mask=True)
+    known = attention.qkv(check.SEQ, check.HEADS, check.DIM, getattr(check, "SEED", 3))
+    whole_q, whole_k, whole_v = (t.numpy() for t in known)
+    scores = whole_q @ whole_k.transpose(0, 2, 1) / math.sqrt(whole_q.shape[-1])
+    if causal:
+        scores = np.where(np.tril(np.ones(scores.shape[-2:], dtype=bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    out = (weights / weights.sum(-1, keepdims=True)) @ whole_v
+    return torch.from_numpy(np.ascontiguousarray(np.split(out, p, axis=1)[rank]))
+
+
+def test_ring_attention_from_inputs_a_rank_could_compute_does_not_pass(fresh_lab):
+    fails(lambda: check.ring_attention(ring_attention_from_known_inputs),
+          "ring_attention(causal=False) on rank 0 is not its rows of attention over the whole "
+          "sequence")

@@ -109,16 +109,16 @@ def warm() -> None:
     dist.barrier()
 
 
-def ring_run(fn: Callable, exercise: str, causal: bool, seq: int, heads: int, dim: int,
-             seed: int) -> dict:
-    """On a rank: ``fn`` on this rank's slice, its output and the log of messages and products."""
+def ring_run(fn: Callable, exercise: str, causal: bool, seq: int, q: Any, k: Any, v: Any) -> dict:
+    """On a rank: ``fn`` on this rank's slice, its output and the log of messages and products.
+
+    ``q``, ``k``, ``v`` are this rank's slices of a sequence ``seq`` long, drawn by the
+    checker from a seed no rank sees and sent to this rank alone; the checker
+    compares the output in its own process.
+    """
     import torch
     import torch.distributed as dist
 
-    from ddplab import attention
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    q, k, v = (attention.shard(t, rank, world) for t in attention.qkv(seq, heads, dim, seed))
     log: list = []
     requests: list[_Request] = []
     depth = [0]
