@@ -365,3 +365,31 @@ def test_ring_attention_from_inputs_a_rank_could_compute_does_not_pass(fresh_lab
     fails(lambda: check.ring_attention(ring_attention_from_known_inputs),
           "ring_attention(causal=False) on rank 0 is not its rows of attention over the whole "
           "sequence")
+
+
+def balance_from_known_inputs(probs, idx):
+    """No all_reduce: every rank's tokens came from importable seeds, so take the loss of them all."""
+    p = dist.get_world_size()
+    try:
+        cases = [moe_check._balance_case(r, p) for r in range(p)]
+    except TypeError:                    # the seeds are the checker's now: only this rank's are here
+        cases = [(probs, idx)]
+    return moe_check._loss(torch.cat([c[0] for c in cases]), torch.cat([c[1] for c in cases]))
+
+
+def moe_layer_from_known_inputs(x, idx, gates, experts):
+    """Two all_to_alls for show; the output from every expert, made here (seeded by its index)."""
+    from ddplab import moe
+
+    p = dist.get_world_size()
+    for _ in range(2):
+        dist.all_to_all_single(torch.empty(p, moe_check.DIM, dtype=x.dtype), torch.zeros(p, moe_check.DIM,
+                                                                                          dtype=x.dtype))
+    return moe.reference(x, idx, gates, moe.experts(2 * p, moe_check.DIM))
+
+
+def test_experts_from_inputs_a_rank_could_compute_do_not_pass(fresh_lab):
+    fails(lambda: moe_check.balance_loss(balance_from_known_inputs),
+          "balance_loss on rank 0 is wrong", "it is the loss of this rank's tokens only")
+    fails(lambda: moe_check.moe_layer(moe_layer_from_known_inputs),
+          "moe_layer: rank 0's output ([6, 6]) is not one process's MoE on its tokens")
