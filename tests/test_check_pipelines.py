@@ -361,3 +361,23 @@ def test_simulate_names_the_ranks_of_an_order_that_deadlocks():
     order = {0: [("B", 0), ("F", 0)], 1: [("F", 0), ("B", 0)]}
     with pytest.raises(RuntimeError, match="rank 0 at B0, rank 1 at F0"):
         pipeline.simulate(order, 2, 1)
+
+
+# Issue 46: a pipeline's messages for show, the answer computed by each rank alone. It passed while
+# every rank was given the micro-batch and could make every stage (pipeline.model(world_size)).
+def pipeline_forward_computed_alone(stage, micro_batch):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank > 0:
+        dist.recv(torch.empty_like(micro_batch), src=rank - 1)
+    whole, y = pipeline.model(p), micro_batch
+    for r in range(rank):
+        y = whole[r](y)
+    y = stage(y)
+    if rank < p - 1:
+        dist.send(y.detach(), dst=rank + 1)
+    return y
+
+
+def test_pipeline_forward_computed_by_each_rank_alone_does_not_pass(fresh_lab):
+    fails(lambda: check.pipeline_forward(pipeline_forward_computed_alone),
+          "pipeline_forward: rank 1 returned [3, 8], not the output of stages 0..1")
