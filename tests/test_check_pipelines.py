@@ -381,3 +381,45 @@ def pipeline_forward_computed_alone(stage, micro_batch):
 def test_pipeline_forward_computed_by_each_rank_alone_does_not_pass(fresh_lab):
     fails(lambda: check.pipeline_forward(pipeline_forward_computed_alone),
           "pipeline_forward: rank 1 returned [3, 8], not the output of stages 0..1")
+
+
+_ALONE = {}
+
+
+def gpipe_computed_alone(stage, inputs, targets):
+    """GPipe's messages and order on zeros; each stage's gradients from the whole model, which
+    every rank could make (and keep in step with the check's SGD), on the batch every rank held."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    m = len(inputs)
+    if _ALONE.get("stage") is not stage:
+        _ALONE.update(stage=stage, whole=pipeline.model(p))
+    whole, requests, outs = _ALONE["whole"], [], []
+    for i in range(m):
+        x = torch.zeros_like(inputs[i])
+        if rank > 0:
+            dist.irecv(x, src=rank - 1).wait()
+        outs.append(stage(x.requires_grad_()))
+        if rank < p - 1:
+            requests.append(dist.isend(torch.zeros_like(x), dst=rank + 1))
+    for i in range(m):
+        grad = torch.zeros_like(outs[i])
+        if rank < p - 1:
+            dist.irecv(grad, src=rank + 1).wait()
+        outs[i].backward(grad)
+        if rank > 0:
+            requests.append(dist.isend(torch.zeros_like(inputs[i]), dst=rank - 1))
+    for request in requests:
+        request.wait()
+    loss = pipeline.loss_fn(whole(torch.cat(inputs)), torch.cat(targets))
+    grads = torch.autograd.grad(loss, list(whole.parameters()))
+    mine = dict(zip(whole.parameters(), grads))
+    with torch.no_grad():
+        for q, w in zip(stage.parameters(), whole[rank].parameters()):
+            q.grad.copy_(mine[w])
+        for w, g in mine.items():                # the check's SGD step, on every stage
+            w -= 0.5 * g
+
+
+def test_gpipe_computed_by_each_rank_alone_does_not_pass(fresh_lab):
+    fails(lambda: check.gpipe(gpipe_computed_alone),
+          "gpipe: after the first step, rank 0's gradients are")
