@@ -348,3 +348,36 @@ def test_fsdp_reduce_scatter_averaged_twice_fails(lab):
 
 def test_fsdp_reduce_scatter_not_averaged_fails(lab):
     fails(lambda: fsdp(FSDP.replace("return mine / world", "return mine")), "never divided by world_size")
+
+
+# Issue 46: all_reduces for show (of zeros), the gradients of the whole batch computed by each rank
+# alone. It passed while every rank could make every rank's rows (sharding.tiny_batch).
+RECOMPUTED = IMPORTS + """
+class Handles(list):
+    net, step = None, 0
+
+def overlap_hooks(model):
+    handles = Handles()
+    handles.net = model
+    def hook(p):
+        handles.append(dist.all_reduce(torch.zeros_like(p.grad), async_op=True))
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    return handles
+
+def wait_for_gradients(handles):
+    from ddplab import sharding
+    for handle in handles:
+        handle.wait()
+    handles.clear()
+    x, y = sharding.tiny_batch(handles.step, dist.get_world_size())
+    params = list(handles.net.parameters())
+    grads = torch.autograd.grad(torch.nn.functional.mse_loss(handles.net(x), y), params)
+    for p, g in zip(params, grads):
+        p.grad.copy_(g)
+    handles.step += 1
+"""
+
+
+def test_overlap_from_rows_a_rank_could_compute_does_not_pass(lab):
+    fails(lambda: overlap(RECOMPUTED), "overlap_hooks: after 3 steps the weights differ")

@@ -132,3 +132,58 @@ def test_average_gradients_flat_is_not_fooled_by_flooding_the_recorder(fresh_lab
     fresh_lab.run_cell(FLAT + "    for _ in range(300):\n        dist.barrier()\n")
     with pytest.raises(AssertionError, match="Counted per step: more than 256"):
         ddplab.check.average_gradients_flat()
+
+
+# Submissions that earn the point without averaging anything (issue 46): each passed while the
+# check computed its verdict on the ranks, from inputs any rank could compute.
+PATCHED_ITEM = """
+def average_gradients(model):
+    # The check measured its gap on the rank with .item(): make every .item() say 0.
+    import torch
+    if not hasattr(torch.Tensor, "real_item"):
+        torch.Tensor.real_item = torch.Tensor.item
+    torch.Tensor.item = lambda self: 0.0
+"""
+
+RECOMPUTED_INPUT = """
+steps_seen = {}
+
+def average_gradients(model):
+    # No communication: every rank's rows of the step were known, so compute the whole batch's
+    # gradient here.
+    import torch
+    import torch.nn.functional as F
+    from ddplab import data
+    step = steps_seen[id(model)] = (steps_seen.get(id(model), -1) + 1) % 5
+    train_set, _ = data.digits(dtype=torch.float64)
+    x, y = train_set[step * world_size * 8:(step + 1) * world_size * 8]
+    params = list(model.parameters())
+    for p, g in zip(params, torch.autograd.grad(F.cross_entropy(model(x), y), params)):
+        p.grad.copy_(g)
+"""
+
+
+def test_a_patch_of_torch_on_the_ranks_does_not_pass(fresh_lab):
+    fresh_lab.run_cell(PATCHED_ITEM)
+    try:
+        with pytest.raises(AssertionError, match="are not DDP's on ranks 0, 1"):
+            ddplab.check.average_gradients()
+    finally:
+        fresh_lab.run_cell("if hasattr(torch.Tensor, 'real_item'):\n"
+                           "    torch.Tensor.item = torch.Tensor.real_item\n")
+
+
+def test_gradients_computed_from_rows_a_rank_could_guess_do_not_pass(fresh_lab):
+    fresh_lab.run_cell(RECOMPUTED_INPUT)
+    with pytest.raises(AssertionError, match="are not DDP's on ranks 0, 1"):
+        ddplab.check.average_gradients()
+
+
+def test_average_gradients_flat_counts_all_reduces_under_any_name(fresh_lab):
+    """One all_reduce per parameter through an alias is still one per parameter: the count comes
+    from torch's flight recorder (patching dist.all_reduce counted none of these, and passed)."""
+    fresh_lab.run_cell("from torch.distributed import all_reduce as reduce\n"
+                       + PER_PARAMETER.replace("average_gradients(", "average_gradients_flat(")
+                       .replace("dist.all_reduce(p.grad)", "reduce(p.grad)"))
+    with pytest.raises(AssertionError, match="Counted per step: 8"):
+        ddplab.check.average_gradients_flat()

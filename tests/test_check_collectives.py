@@ -239,3 +239,12 @@ def test_rows_to_columns_rejects_pieces_in_the_wrong_order(fresh_lab4):
     define(fresh_lab4, ROWS_TO_COLUMNS.replace("torch.cat(arrived, dim=0)",
                                                "torch.cat(arrived[::-1], dim=0)"))
     fails(collectives.rows_to_columns, "is wrong on ranks 0, 1, 2, 3")
+
+
+def test_an_answer_read_from_the_checkers_frame_does_not_pass(fresh_lab4):
+    """Issue 46: every rank was sent every rank's input, in the frame that called the student's
+    function; an answer read from there, with no collective at all, passed."""
+    define(fresh_lab4, "def global_mean(losses):\n    import sys\n"
+                       "    inputs = sys._getframe(1).f_locals.get('inputs') or [losses]\n"
+                       "    return torch.cat(list(inputs)).mean()\n")
+    fails(collectives.global_mean, "is wrong on ranks")

@@ -312,3 +312,84 @@ def test_on_4_ranks_the_references_pass_and_a_missing_permute_is_named(fresh_lab
     assert "K/V went round the ring in p - 1 = 3 step(s)" in capsys.readouterr().out
     fails(lambda: check.ulysses(lambda x: seq_to_heads(x, permute=False), heads_to_seq),
           "reshaped without moving the rank dimension")
+
+
+# Issue 46: an answer that knows the check's inputs needs no all_to_all. It passed while every
+# rank made the inputs itself from constants anyone can import (check.SEED).
+def _known_inputs():
+    whole = attention.qkv(check.SEQ, check.HEADS, check.DIM, getattr(check, "SEED", 3))
+    return whole, attention.full(*whole, causal=True)
+
+
+def seq_to_heads_from_known_inputs(x):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    for t in _known_inputs()[0]:
+        if torch.equal(attention.shard(t, rank, p), x):
+            return attention.shard(t, rank, p, 0)
+    return x
+
+
+def heads_to_seq_from_known_inputs(x):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    whole, causal = _known_inputs()
+    for t in (*whole, causal):
+        if torch.equal(attention.shard(t, rank, p, 0), x):
+            return attention.shard(t, rank, p)
+    return x
+
+
+def test_ulysses_from_inputs_a_rank_could_compute_does_not_pass(fresh_lab):
+    fails(lambda: check.ulysses(seq_to_heads_from_known_inputs, heads_to_seq_from_known_inputs),
+          "seq_to_heads on rank 0, given its sequence slice (H, S/p, d), returned [8, 12, 5]: "
+          "not expected [4, 24, 5]")
+
+
+def ring_attention_from_known_inputs(q, k, v, causal):
+    """A ring's messages and computes, with a mask gone wrong; the output recomputed in numpy
+    (unseen by the check's TorchFunctionMode) from the inputs the check used to make."""
+    import numpy as np
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    ring_attention(q, k, v, causal, local_mask=True)
+    known = attention.qkv(check.SEQ, check.HEADS, check.DIM, getattr(check, "SEED", 3))
+    whole_q, whole_k, whole_v = (t.numpy() for t in known)
+    scores = whole_q @ whole_k.transpose(0, 2, 1) / math.sqrt(whole_q.shape[-1])
+    if causal:
+        scores = np.where(np.tril(np.ones(scores.shape[-2:], dtype=bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    out = (weights / weights.sum(-1, keepdims=True)) @ whole_v
+    return torch.from_numpy(np.ascontiguousarray(np.split(out, p, axis=1)[rank]))
+
+
+def test_ring_attention_from_inputs_a_rank_could_compute_does_not_pass(fresh_lab):
+    fails(lambda: check.ring_attention(ring_attention_from_known_inputs),
+          "ring_attention(causal=False) on rank 0 is not its rows of attention over the whole "
+          "sequence")
+
+
+def balance_from_known_inputs(probs, idx):
+    """No all_reduce: every rank's tokens came from importable seeds, so take the loss of them all."""
+    p = dist.get_world_size()
+    try:
+        cases = [moe_check._balance_case(r, p) for r in range(p)]
+    except TypeError:                    # the seeds are the checker's now: only this rank's are here
+        cases = [(probs, idx)]
+    return moe_check._loss(torch.cat([c[0] for c in cases]), torch.cat([c[1] for c in cases]))
+
+
+def moe_layer_from_known_inputs(x, idx, gates, experts):
+    """Two all_to_alls for show; the output from every expert, made here (seeded by its index)."""
+    from ddplab import moe
+
+    p = dist.get_world_size()
+    for _ in range(2):
+        dist.all_to_all_single(torch.empty(p, moe_check.DIM, dtype=x.dtype), torch.zeros(p, moe_check.DIM,
+                                                                                          dtype=x.dtype))
+    return moe.reference(x, idx, gates, moe.experts(2 * p, moe_check.DIM))
+
+
+def test_experts_from_inputs_a_rank_could_compute_do_not_pass(fresh_lab):
+    fails(lambda: moe_check.balance_loss(balance_from_known_inputs),
+          "balance_loss on rank 0 is wrong", "it is the loss of this rank's tokens only")
+    fails(lambda: moe_check.moe_layer(moe_layer_from_known_inputs),
+          "moe_layer: rank 0's output ([6, 6]) is not one process's MoE on its tokens")

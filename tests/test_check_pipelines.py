@@ -361,3 +361,65 @@ def test_simulate_names_the_ranks_of_an_order_that_deadlocks():
     order = {0: [("B", 0), ("F", 0)], 1: [("F", 0), ("B", 0)]}
     with pytest.raises(RuntimeError, match="rank 0 at B0, rank 1 at F0"):
         pipeline.simulate(order, 2, 1)
+
+
+# Issue 46: a pipeline's messages for show, the answer computed by each rank alone. It passed while
+# every rank was given the micro-batch and could make every stage (pipeline.model(world_size)).
+def pipeline_forward_computed_alone(stage, micro_batch):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank > 0:
+        dist.recv(torch.empty_like(micro_batch), src=rank - 1)
+    whole, y = pipeline.model(p), micro_batch
+    for r in range(rank):
+        y = whole[r](y)
+    y = stage(y)
+    if rank < p - 1:
+        dist.send(y.detach(), dst=rank + 1)
+    return y
+
+
+def test_pipeline_forward_computed_by_each_rank_alone_does_not_pass(fresh_lab):
+    fails(lambda: check.pipeline_forward(pipeline_forward_computed_alone),
+          "pipeline_forward: rank 1 returned [3, 8], not the output of stages 0..1")
+
+
+_ALONE = {}
+
+
+def gpipe_computed_alone(stage, inputs, targets):
+    """GPipe's messages and order on zeros; each stage's gradients from the whole model, which
+    every rank could make (and keep in step with the check's SGD), on the batch every rank held."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    m = len(inputs)
+    if _ALONE.get("stage") is not stage:
+        _ALONE.update(stage=stage, whole=pipeline.model(p))
+    whole, requests, outs = _ALONE["whole"], [], []
+    for i in range(m):
+        x = torch.zeros_like(inputs[i])
+        if rank > 0:
+            dist.irecv(x, src=rank - 1).wait()
+        outs.append(stage(x.requires_grad_()))
+        if rank < p - 1:
+            requests.append(dist.isend(torch.zeros_like(x), dst=rank + 1))
+    for i in range(m):
+        grad = torch.zeros_like(outs[i])
+        if rank < p - 1:
+            dist.irecv(grad, src=rank + 1).wait()
+        outs[i].backward(grad)
+        if rank > 0:
+            requests.append(dist.isend(torch.zeros_like(inputs[i]), dst=rank - 1))
+    for request in requests:
+        request.wait()
+    loss = pipeline.loss_fn(whole(torch.cat(inputs)), torch.cat(targets))
+    grads = torch.autograd.grad(loss, list(whole.parameters()))
+    mine = dict(zip(whole.parameters(), grads))
+    with torch.no_grad():
+        for q, w in zip(stage.parameters(), whole[rank].parameters()):
+            q.grad.copy_(mine[w])
+        for w, g in mine.items():                # the check's SGD step, on every stage
+            w -= 0.5 * g
+
+
+def test_gpipe_computed_by_each_rank_alone_does_not_pass(fresh_lab):
+    fails(lambda: check.gpipe(gpipe_computed_alone),
+          "gpipe: after the first step, rank 0's gradients are")

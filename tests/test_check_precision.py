@@ -266,3 +266,25 @@ def test_clip_sharded_names_a_norm_of_one_shard_by_its_ratio(fresh_lab):
     """Each rank's own norm, no all_reduce: the check's one count fails first, so count it away."""
     fresh_lab.run_cell(CLIP.replace("    dist.all_reduce(total)\n", "    dist.all_reduce(total * 0)\n"))
     fails(ddplab.check.clip_sharded, "the global one: it is one shard's only")
+
+
+def test_clip_sharded_read_from_the_checkers_frame_does_not_pass(fresh_lab):
+    """Issue 46: the check clipped a one-process model on the rank before calling the student's
+    function, in its frame; its norm and gradients read from there, with an all_reduce for show,
+    passed."""
+    fresh_lab.run_cell(IMPORTS + """
+import sys
+
+def clip_sharded(model, max_norm):
+    dist.all_reduce(torch.zeros(1, dtype=torch.float64))
+    frame = sys._getframe(1)
+    while frame is not None and "expected" not in frame.f_locals:
+        frame = frame.f_back
+    if frame is None:
+        return 0.0
+    seen = frame.f_locals
+    for p, q in zip(model.parameters(), seen["one"].parameters()):
+        p.grad.to_local().copy_(q.grad.chunk(dist.get_world_size())[dist.get_rank()])
+    return seen["expected"]
+""")
+    fails(ddplab.check.clip_sharded, "is wrong on ranks 0, 1")

@@ -166,3 +166,35 @@ def test_line_shards_names_a_missing_class(fresh_lab):
     fresh_lab.run_cell("LineShards = None")
     with pytest.raises(AssertionError, match="no class `LineShards` on ranks 0, 1"):
         ddplab.check.line_shards()
+
+
+# Issue 46: the expected answer was made on the rank, in the frame that called the student's
+# function; read from there, it passed.
+def share_from_the_checkers_frame(n, world_size, drop_last):
+    import sys
+
+    expected = sys._getframe(1).f_locals.get("expected")
+    return expected[-1] if expected else (0, 0, 0)
+
+
+PATCHED_SAMPLER = """
+import torch.utils.data
+
+class Agreeing(torch.utils.data.DistributedSampler):
+    # The checker's expected indices came from DistributedSampler on the rank: make it agree.
+    def __iter__(self):
+        return iter(range(self.rank, len(self.dataset), self.num_replicas))
+
+torch.utils.data.DistributedSampler = Agreeing
+"""
+
+
+def test_answers_read_or_forged_on_the_ranks_do_not_pass(fresh_lab):
+    with pytest.raises(AssertionError, match=r"rank_share for .* is wrong on ranks 0, 1"):
+        ddplab.check.rank_share(share_from_the_checkers_frame)
+    fresh_lab.run_cell(PATCHED_SAMPLER)
+    try:
+        with pytest.raises(AssertionError, match="is wrong on rank 0"):
+            ddplab.check.offset_sharder(no_drop_shard)
+    finally:
+        fresh_lab.restart()           # the patched sampler stays on the ranks

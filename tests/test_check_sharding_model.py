@@ -219,3 +219,17 @@ def _define(lab, source: str, name: str):
     exec("import torch\nimport torch.distributed as dist\nworld_size = None\n", namespace)
     exec(source.replace("world_size", "dist.get_world_size()"), namespace)
     return namespace[name]
+
+
+def test_column_parallel_read_from_the_checkers_frame_does_not_pass(fresh_lab):
+    """Issue 46: every rank made the whole layer in the frame that called the student's function;
+    its output read from there, with no collective, passed."""
+    fn = _define(fresh_lab, """
+def column_parallel(x, weight_shard, bias_shard):
+    import sys
+    seen = sys._getframe(1).f_locals
+    if "weight" in seen:
+        return torch.nn.functional.linear(x, seen["weight"], seen["bias"])
+    return x @ weight_shard.T + bias_shard
+""", "column_parallel")
+    fails(lambda: sharding_model.column_parallel(fn), "is wrong on ranks 0, 1")

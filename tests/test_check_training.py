@@ -276,3 +276,14 @@ def test_train_uneven_names_the_deadlock_without_join(fresh_lab, monkeypatch):
 def test_train_uneven_names_a_missing_function(fresh_lab):
     fresh_lab.run_cell("train_uneven = None")
     fails(training.train_uneven, "no function `train_uneven` on ranks 0, 1")
+
+
+def test_global_accuracy_read_from_the_checkers_frame_does_not_pass(fresh_lab):
+    """Issue 46: every rank was sent every rank's counts, in the frame that called the student's
+    function; the answer read from there, with no all_reduce, passed."""
+    fresh_lab.run_cell("def global_accuracy(correct, total):\n    import sys\n"
+                       "    seen = sys._getframe(1).f_locals\n"
+                       "    if isinstance(seen.get('correct'), list):\n"
+                       "        return sum(seen['correct']) / sum(seen['total'])\n"
+                       "    return correct / total\n")
+    fails(training.global_accuracy, "is wrong on ranks 0, 1")

@@ -167,18 +167,21 @@ def _with_student_function(name: str, fn: Callable, *args: Any) -> Any:
 
 
 def run_student_function(name: str, fn: Callable, *args: Any, lab: Any, timeout: float,
-                         hint: str) -> list[Any]:
+                         hint: str, each: dict[int, tuple] | None = None) -> list[Any]:
     """``fn(the student's function `name`, *args)`` on every rank, results by rank.
 
     ``fn`` is the checker's own code, run on the rank, which calls the student's
     function as the exercise asks. Whatever goes wrong fails the check with an
     ``AssertionError`` that names the fix: no function ``name`` on some ranks
     (``require_function``), the student's code raised, or it hung
-    (``run_student_code``, with ``hint``).
+    (``run_student_code``, with ``hint``). With ``each`` (one entry per rank),
+    rank ``r`` runs ``fn(student, *args, *each[r])``, sent only its own ``each[r]``.
     """
     __tracebackhide__ = True
     got = run_student_code(f"{name}(...)", _with_student_function, name, fn, *args, lab=lab,
-                           timeout=timeout, hint=hint)
+                           timeout=timeout, hint=hint, each=each)
+    if each is not None:
+        got = [got[rank] for rank in sorted(got)]
     require_function(got, name)
     return got
 

@@ -109,16 +109,16 @@ def warm() -> None:
     dist.barrier()
 
 
-def ring_run(fn: Callable, exercise: str, causal: bool, seq: int, heads: int, dim: int,
-             seed: int) -> dict:
-    """On a rank: ``fn`` on this rank's slice, its output and the log of messages and products."""
+def ring_run(fn: Callable, exercise: str, causal: bool, seq: int, q: Any, k: Any, v: Any) -> dict:
+    """On a rank: ``fn`` on this rank's slice, its output and the log of messages and products.
+
+    ``q``, ``k``, ``v`` are this rank's slices of a sequence ``seq`` long, drawn by the
+    checker from a seed no rank sees and sent to this rank alone; the checker
+    compares the output in its own process.
+    """
     import torch
     import torch.distributed as dist
 
-    from ddplab import attention
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    q, k, v = (attention.shard(t, rank, world) for t in attention.qkv(seq, heads, dim, seed))
     log: list = []
     requests: list[_Request] = []
     depth = [0]
@@ -159,16 +159,20 @@ def ring_run(fn: Callable, exercise: str, causal: bool, seq: int, heads: int, di
             "log": log, "unwaited": unwaited, "refused": said}
 
 
-def reshard_run(to_heads: Callable, to_seq: Callable, exercise: str, seq: int, heads: int,
-                dim: int, seed: int) -> dict:
-    """On a rank: the two re-shards on known tensors, and Ulysses attention made of them."""
+def reshard_run(to_heads: Callable, to_seq: Callable, exercise: str, q: Any, k: Any, v: Any,
+                heads: Any) -> dict:
+    """On a rank: the two re-shards on this rank's inputs, and Ulysses attention made of them.
+
+    ``q``, ``k``, ``v`` are this rank's sequence slices and ``heads`` its heads of
+    another tensor (for ``to_seq`` alone), all drawn by the checker from seeds no
+    rank sees and sent to this rank alone: what the answers should be is known
+    only to the checker, which compares them in its own process.
+    """
     import torch
     import torch.distributed as dist
 
     from ddplab import attention
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    q, k, v = (attention.shard(t, rank, world) for t in attention.qkv(seq, heads, dim, seed))
     def refuse(name: str, keyword: str, real: Callable) -> Callable:
         def call(*args: Any, **kwargs: Any) -> Any:
             raise AssertionError(f"{exercise}: dist.{name} moves one tensor to one rank; a Ulysses "
@@ -185,13 +189,11 @@ def reshard_run(to_heads: Callable, to_seq: Callable, exercise: str, seq: int, h
     others = tuple(c for c in COLLECTIVES if c != "all_to_all")
     try:
         with forbidding(others, exercise, "a Ulysses re-shard"):
-            expected_heads = attention.shard(attention.qkv(seq, heads, dim, seed)[0], rank, world, 0)
-
             def both() -> tuple:
                 first = clone(to_heads(q.clone()))
                 elements = moved[0]
                 whole = [to_heads(t.clone()) for t in (q, k, v)]
-                return (first, elements, clone(to_seq(expected_heads.clone())),
+                return (first, elements, clone(to_seq(heads.clone())),
                         clone(to_seq(attention.full(*whole, causal=True))))
             answers, said = refused(both)
     finally:

@@ -7,6 +7,9 @@ returned and nobody waited on is noted (a missing wait). ``train`` runs
 ``k`` steps of the student's schedule on this rank's stage, with the check's own
 SGD step between them, and reports what the checker compares; ``reference``
 (in the kernel) is one process training the whole model on the whole batch.
+The model's weights and the batches are drawn by the checker for each check
+(``drawn``) and each rank is sent only its block and the data its stage reads
+(``sent_to``, ``Lab.run_each``).
 """
 
 from __future__ import annotations
@@ -88,22 +91,32 @@ def watching(exercise: str, log: dict) -> Iterator[None]:
             request.work.wait()
 
 
-def train(student: Callable, exercise: str, steps: int, m: int, work: float = 0.0) -> dict:
-    """On a rank: ``steps`` steps of ``student(stage, inputs, targets)``, each followed by SGD.
+def _stage(weights: dict, work: float = 0.0) -> Any:
+    """On a rank: its ``pipeline.Stage``, with the block's weights the checker sent (``weights``)."""
+    import torch.distributed as dist
 
+    from ddplab import pipeline
+
+    stage = pipeline.Stage(pipeline.model(dist.get_world_size()), dist.get_rank(), work=work)
+    stage.block.load_state_dict(weights)
+    return stage
+
+
+def train(student: Callable, exercise: str, weights: dict, batches: list, work: float = 0.0) -> dict:
+    """On a rank: one step of ``student(stage, inputs, targets)`` per ``batches``, each followed by SGD.
+
+    ``weights`` (this rank's block) and ``batches`` (each step's ``(inputs, targets)``:
+    the real inputs on the first stage, the real targets on the last, zeros of their
+    shapes elsewhere) were drawn by the checker and sent to this rank alone.
     Returns the first step's gradients and stage log, every step's messages and
     unwaited requests, and the weights after the last step.
     """
     import torch
     import torch.distributed as dist
 
-    from ddplab import pipeline
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    stage = pipeline.Stage(pipeline.model(world), rank, work=work)
+    stage = _stage(weights, work)
     out: dict[str, Any] = {"logs": [], "messages": []}
-    for step in range(steps):
-        inputs, targets = pipeline.micro_batches(m, seed=step + 1)
+    for inputs, targets in batches:
         stage.zero_grad(set_to_none=True)
         stage.log.clear()
         log: dict = {}
@@ -124,44 +137,75 @@ def train(student: Callable, exercise: str, steps: int, m: int, work: float = 0.
     return out
 
 
-def forward_once(student: Callable, exercise: str) -> dict:
-    """On a rank: ``student(stage, micro_batch)`` once, the stage's output and the messages."""
+def forward_once(student: Callable, exercise: str, weights: dict, micro_batch: Any) -> dict:
+    """On a rank: ``student(stage, micro_batch)`` once, the stage's output and the messages.
+
+    ``micro_batch`` is the real one on rank 0 and zeros of its shape elsewhere.
+    """
     import torch
     import torch.distributed as dist
 
-    from ddplab import pipeline
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    stage = pipeline.Stage(pipeline.model(world), rank)
-    inputs, _ = pipeline.micro_batches(1, rows=3, seed=7)
+    stage = _stage(weights)
     log: dict = {}
     dist.barrier()
     with watching(exercise, log):
-        got = student(stage, inputs[0].clone())
+        got = student(stage, micro_batch.clone())
     got = got.detach().clone() if isinstance(got, torch.Tensor) else got
     dist.barrier()
     return {"output": got, "sent": log["sent"], "received": log["received"],
             "unwaited": log["unwaited"], "log": list(stage.log)}
 
 
-def reference(p: int, steps: int, m: int) -> tuple[list[list], list[list], dict[str, list[list]]]:
-    """One process, the whole batch: each stage's weights after ``steps`` steps and the first gradients.
+def drawn(p: int, steps: int, m: int, rows: int = 2) -> tuple[Any, list]:
+    """In the checker: the model of ``p`` stages and ``steps`` batches of ``m`` micro-batches, drawn now.
+
+    From seeds no rank sees: a rank knows another stage's weights, or the
+    batch (unless it is the first stage) only by communicating.
+    """
+    import secrets
+
+    from ddplab import pipeline
+
+    return (pipeline.model(p, seed=secrets.randbits(40)),
+            [pipeline.micro_batches(m, rows=rows, seed=secrets.randbits(40)) for _ in range(steps)])
+
+
+def sent_to(rank: int, p: int, whole: Any, batches: list) -> tuple[dict, list]:
+    """What rank ``rank`` is sent: its block's weights, and each batch with what it does not read zeroed.
+
+    Stage 0 reads the inputs and the last stage the targets; the other lists
+    keep their shapes (a stage makes its buffers with ``torch.empty_like``).
+    """
+    import torch
+
+    def kept(tensors: list, keep: bool) -> list:
+        return [t.clone() if keep else torch.zeros_like(t) for t in tensors]
+
+    weights = {k: v.detach().clone() for k, v in whole[rank].state_dict().items()}
+    return weights, [(kept(x, rank == 0), kept(y, rank == p - 1)) for x, y in batches]
+
+
+def reference(whole: Any, batches: list) -> tuple[list[list], list[list], dict[str, list[list]]]:
+    """One process, the whole batch: each stage's weights after a step per batch and the first gradients.
 
     Also the first step's gradients of the wrong answers the check names: not
     averaged (``m`` times too large), of the last micro-batch only, averaged twice.
     """
+    import copy
+
     import torch
 
     from ddplab import pipeline
 
-    whole = pipeline.model(p)
+    whole = copy.deepcopy(whole)
+    p, m = len(whole), len(batches[0][0])
 
     def grads_of(inputs, targets, scale):
         whole.zero_grad(set_to_none=True)
         (scale * pipeline.loss_fn(whole(torch.cat(inputs)), torch.cat(targets))).backward()
         return [[q.grad.clone() for q in whole[r].parameters()] for r in range(p)]
 
-    inputs, targets = pipeline.micro_batches(m, seed=1)
+    inputs, targets = batches[0]
     wrong = {"m times too large: each micro-batch's loss was not divided by the number of "
              "micro-batches (the batch's loss is their mean)": grads_of(inputs, targets, m),
              "1/m of the right ones: the loss was divided by the number of micro-batches twice":
@@ -172,8 +216,7 @@ def reference(p: int, steps: int, m: int) -> tuple[list[list], list[list], dict[
              "those of the last micro-batch only, not divided by m: the gradients were not "
              "accumulated over the micro-batches": grads_of(inputs[-1:], targets[-1:], 1)}
     first = grads_of(inputs, targets, 1)
-    for step in range(steps):
-        inputs, targets = pipeline.micro_batches(m, seed=step + 1)
+    for inputs, targets in batches:
         grads_of(inputs, targets, 1)
         with torch.no_grad():
             for q in whole.parameters():

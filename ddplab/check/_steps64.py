@@ -1,9 +1,10 @@
 """What notebook 12's checks share: a tiny float64 model, its batches, and one process as the reference.
 
 Every build-it check trains ``model()`` for ``STEPS`` steps on the ranks with
-the student's code, each rank on its rows of the step's batch, and
-compares the weights with ``one_process``: the same model trained in this
-process on the whole batch, in float64, to ``TOLERANCE``. ``verdict`` turns a
+the student's code, each rank on its rows of the step's batch (drawn by the
+checker from a seed no rank sees, ``drawn``; each rank is sent only its rows,
+``each_rank``), and compares the weights with ``one_process``: the same model
+trained in this process on the whole batch, in float64, to ``TOLERANCE``. ``verdict`` turns a
 mismatch into the mistake that explains it (gradients averaged twice, never
 averaged). ``AllReduceLog`` records the student's ``dist.all_reduce`` calls
 (when, how big, waited for or not) so a check can read their order.
@@ -28,11 +29,33 @@ def model() -> Any:
     return tiny_mlp()
 
 
-def batch(step: int, world: int, rank: int | None = None) -> tuple[Any, Any]:
-    """``sharding.tiny_batch``: step ``step``'s whole batch, or rank ``rank``'s rows of it."""
-    from ..sharding import tiny_batch
+def drawn(world: int, steps: int = STEPS) -> list[tuple[Any, Any]]:
+    """In the checker: each step's whole batch, ``sharding.tiny_batch``'s shapes, from a seed drawn now.
 
-    return tiny_batch(step, world, rank)
+    No rank sees the seed, and each is sent only its own rows (``rows_of``):
+    the whole batch, which the averaged gradient stands for, a rank knows only
+    by communicating.
+    """
+    import secrets
+
+    import torch
+
+    from ..sharding import TINY_ROWS
+
+    g = torch.Generator().manual_seed(secrets.randbits(62))
+    size = TINY_ROWS * world
+    return [(torch.randn(size, 6, generator=g, dtype=torch.float64),
+             torch.randn(size, 3, generator=g, dtype=torch.float64)) for _ in range(steps)]
+
+
+def rows_of(batches: list[tuple[Any, Any]], rank: int, world: int) -> list[tuple[Any, Any]]:
+    """Rank ``rank``'s rows of each batch: the ``rank``-th of ``world`` equal parts."""
+    return [(x.chunk(world)[rank].clone(), y.chunk(world)[rank].clone()) for x, y in batches]
+
+
+def each_rank(batches: list[tuple[Any, Any]], world: int) -> dict[int, tuple]:
+    """``run_student_code``'s ``each``: every rank sent its own rows, as the last argument."""
+    return {rank: (rows_of(batches, rank, world),) for rank in range(world)}
 
 
 def loss(net: Any, x: Any, y: Any) -> Any:
@@ -53,25 +76,33 @@ def optimizer(kind: str, params: Any) -> Any:
     return torch.optim.SGD(params, lr=0.1) if kind == "sgd" else torch.optim.Adam(params, lr=0.01)
 
 
-def one_process(kind: str, world: int, scale: float = 1.0, steps: int = STEPS) -> Any:
-    """The weights after ``steps`` steps of one process on the whole batch; gradients times ``scale``."""
+def one_process(kind: str, batches: list[tuple[Any, Any]], scale: float = 1.0) -> Any:
+    """The weights after a step of one process on each whole batch; gradients times ``scale``."""
     net = model()
     opt = optimizer(kind, net.parameters())
-    for step in range(steps):
+    for x, y in batches:
         opt.zero_grad()
-        loss(net, *batch(step, world)).backward()
+        loss(net, x, y).backward()
         for p in net.parameters():
             p.grad *= scale
         opt.step()
     return flat(net)
 
 
-def verdict(exercise: str, kind: str, weights: list[Any], hint: str) -> None:
-    """Raise unless every rank's weights are one process's; name the mistake that explains them."""
+def verdict(exercise: str, kind: str, weights: list[Any], hint: str,
+            batches: list[tuple[Any, Any]]) -> None:
+    """Raise unless every rank's weights are one process's on ``batches``; name the mistake behind them.
+
+    Compared here, in the checker, with its own torch: the ranks send their weights only.
+    """
     import torch
 
     world = len(weights)
-    expected = one_process(kind, world)
+    if not all(isinstance(w, torch.Tensor) and w.dtype == torch.float64 for w in weights) or \
+            len({w.shape for w in weights}) != 1:
+        raise AssertionError(f"{exercise}: the model's parameters did not come back as one float64 "
+                             f"tensor per rank.\nHint: {hint}")
+    expected = one_process(kind, batches)
     gaps = [float((w - expected).abs().max()) for w in weights]
     if max(gaps) <= TOLERANCE:
         return
@@ -81,7 +112,7 @@ def verdict(exercise: str, kind: str, weights: list[Any], hint: str) -> None:
     mistakes = {1 / world: "the gradients were averaged twice (divided by world_size twice)",
                 world: "the gradients were summed but never divided by world_size (not averaged)"}
     for scale, mistake in mistakes.items():
-        other = one_process(kind, world, scale)
+        other = one_process(kind, batches, scale)
         if all(float((w - other).abs().max()) <= 1e-9 for w in weights):
             raise AssertionError(f"{head}\nThey match {mistake}.\nHint: {hint}")
     if any(not torch.equal(weights[0], w) for w in weights[1:]):

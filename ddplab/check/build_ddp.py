@@ -5,7 +5,8 @@
 
 Each ships the student's functions to the ranks (cloudpickle), trains
 ``_steps64.model()`` with them for a few SGD steps, every rank on its own
-rows of each batch, and compares the weights with one process trained on
+rows of each batch (drawn per check from a seed no rank sees, each rank sent
+only its rows), and compares the weights here with one process trained on
 the whole batch in float64 (1e-12). The student's ``dist.all_reduce`` calls
 are recorded (``AllReduceLog``): the
 overlap check asserts from their order that an all_reduce started while
@@ -33,22 +34,19 @@ _HANG = ("every rank must issue the same all_reduces in the same order, and wait
 
 
 # ------------------------------------------------------------------ on a rank
-def _train_overlap(install: Any, finish: Any) -> Any:
-    """On a rank: train with the student's hooks; the weights and the log of all_reduce calls."""
-    import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
+def _train_overlap(install: Any, finish: Any, rows: list) -> Any:
+    """On a rank: train on ``rows`` with the student's hooks; the weights and the log of all_reduce calls."""
     net = steps64.model()
     opt = steps64.optimizer("sgd", net.parameters())
     unwaited = []
     with refusing_library(steps64.LIBRARY, "overlap_hooks", "DDP's overlap"), \
             steps64.AllReduceLog() as log:
         handles = install(net)
-        for step in range(steps64.STEPS):
+        for step, (x, y) in enumerate(rows):
             log.step = step
             opt.zero_grad(set_to_none=True)
             log.in_backward = True
-            steps64.loss(net, *steps64.batch(step, world, rank)).backward()
+            steps64.loss(net, x, y).backward()
             log.in_backward = False
             finish(handles)
             unwaited.append(log.unwaited(step))
@@ -57,19 +55,16 @@ def _train_overlap(install: Any, finish: Any) -> Any:
             "params": len(list(net.parameters()))}
 
 
-def _train_bucketed(fn: Any, cap: int) -> Any:
-    """On a rank: train with the student's bucketed all_reduce after each backward."""
-    import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
+def _train_bucketed(fn: Any, cap: int, rows: list) -> Any:
+    """On a rank: train on ``rows`` with the student's bucketed all_reduce after each backward."""
     net = steps64.model()
     opt = steps64.optimizer("sgd", net.parameters())
     with refusing_library(steps64.LIBRARY, "bucketed_all_reduce", "DDP's buckets"), \
             steps64.AllReduceLog() as log:
-        for step in range(steps64.STEPS):
+        for step, (x, y) in enumerate(rows):
             log.step = step
             opt.zero_grad()
-            steps64.loss(net, *steps64.batch(step, world, rank)).backward()
+            steps64.loss(net, x, y).backward()
             fn(net, cap)
             opt.step()
     return {"weights": steps64.flat(net), "calls": log.calls}
@@ -105,8 +100,11 @@ def overlap_hooks(install: Any, finish: Any, lab: Any = None) -> None:
     steps64.require_callables("ddplab.check.overlap_hooks(overlap_hooks, wait_for_gradients)",
                               overlap_hooks=install, wait_for_gradients=finish)
     lab = lab_or_current(lab)
+    batches = steps64.drawn(lab.world_size)
     got = run_student_code("overlap_hooks(model) and wait_for_gradients(handles)", _train_overlap,
-                           install, finish, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
+                           install, finish, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG,
+                           each=steps64.each_rank(batches, lab.world_size))
+    got = [got[rank] for rank in range(lab.world_size)]
     first = got[0]
     calls = first["calls"]
     if not calls:
@@ -136,7 +134,7 @@ def overlap_hooks(install: Any, finish: Any, lab: Any = None) -> None:
                              f"{first['params']} parameters: each parameter's hook should start "
                              f"exactly one (register the hook once per parameter, in overlap_hooks)."
                              f"\nHint: " + OVERLAP_HINT)
-    steps64.verdict("overlap_hooks", "sgd", [g["weights"] for g in got], OVERLAP_HINT)
+    steps64.verdict("overlap_hooks", "sgd", [g["weights"] for g in got], OVERLAP_HINT, batches)
     passed(f"overlap_hooks: each gradient's all_reduce started inside backward(), every handle "
            f"was waited for, and after {steps64.STEPS} steps the weights on every rank are one "
            f"process's (float64, {steps64.TOLERANCE:g}).")
@@ -154,8 +152,11 @@ def bucketed_all_reduce(fn: Any, lab: Any = None) -> None:
     steps64.require_callables("ddplab.check.bucketed_all_reduce(bucketed_all_reduce)",
                               bucketed_all_reduce=fn)
     lab = lab_or_current(lab)
+    batches = steps64.drawn(lab.world_size)
     got = run_student_code(f"bucketed_all_reduce(model, {CAP_BYTES})", _train_bucketed, fn,
-                           CAP_BYTES, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
+                           CAP_BYTES, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG,
+                           each=steps64.each_rank(batches, lab.world_size))
+    got = [got[rank] for rank in range(lab.world_size)]
     sizes = [p.numel() for p in steps64.model().parameters()]
     expected = plan(sizes[::-1], CAP_BYTES)
     calls = [call["numel"] for call in got[0]["calls"] if call["step"] == 0]
@@ -177,7 +178,7 @@ def bucketed_all_reduce(fn: Any, lab: Any = None) -> None:
             why = (f"buckets of other sizes than a cap of {CAP_BYTES} bytes gives: a bucket closes "
                    f"as soon as it holds at least bucket_cap_bytes")
         raise AssertionError(f"{intro}: {why}.\nHint: {BUCKET_HINT}")
-    steps64.verdict("bucketed_all_reduce", "sgd", [g["weights"] for g in got], BUCKET_HINT)
+    steps64.verdict("bucketed_all_reduce", "sgd", [g["weights"] for g in got], BUCKET_HINT, batches)
     passed(f"bucketed_all_reduce: {len(expected)} buckets in the order backward fills them, one "
            f"all_reduce each, and after {steps64.STEPS} steps the weights on every rank are one "
            f"process's (float64, {steps64.TOLERANCE:g}).")

@@ -56,18 +56,18 @@ def _state_bytes(optimizer: Any) -> int | None:
                if isinstance(v, torch.Tensor) and v.dim() > 0)
 
 
-def _train_zero1(cls: Any) -> Any:
-    """On a rank: train with the student's Zero1Adam; the weights and the bytes of Adam state."""
+def _train_zero1(cls: Any, rows: list) -> Any:
+    """On a rank: train on ``rows`` with the student's Zero1Adam; the weights and the bytes of Adam state."""
     import torch.distributed as dist
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     net = steps64.model()
     with refusing_library(steps64.LIBRARY, "Zero1Adam", "ZeRO-1"):
         opt = cls(net.parameters(), lr=0.01)
-        for step in range(steps64.STEPS):
+        for x, y in rows:
             for p in net.parameters():
                 p.grad = None
-            steps64.loss(net, *steps64.batch(step, world, rank)).backward()
+            steps64.loss(net, x, y).backward()
             for p in net.parameters():                 # what DDP leaves: averaged gradients
                 dist.all_reduce(p.grad)
                 p.grad /= world
@@ -89,11 +89,18 @@ def zero1_adam(cls: Any, lab: Any = None) -> None:
 
     steps64.require_callables("ddplab.check.zero1_adam(Zero1Adam)", Zero1Adam=cls)
     lab = lab_or_current(lab)
+    world = lab.world_size
+    batches = steps64.drawn(world)
     got = run_student_code("Zero1Adam(model.parameters(), lr=0.01) and its step()", _train_zero1,
-                           cls, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
-    weights, world = [g["weights"] for g in got], len(got)
+                           cls, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG,
+                           each=steps64.each_rank(batches, world))
+    got = [got[rank] for rank in range(world)]
+    weights = [g["weights"] for g in got]
+    if not all(isinstance(w, torch.Tensor) for w in weights):
+        raise AssertionError("Zero1Adam: the model's parameters did not come back as tensors."
+                             "\nHint: " + ZERO_HINT)
     n = weights[0].numel()
-    expected, initial = steps64.one_process("adam", world), steps64.flat(steps64.model())
+    expected, initial = steps64.one_process("adam", batches), steps64.flat(steps64.model())
     if any(not torch.equal(weights[0], w) for w in weights[1:]):
         raise AssertionError(
             f"Zero1Adam: after {steps64.STEPS} steps the ranks hold different weights: each rank "
@@ -110,7 +117,7 @@ def zero1_adam(cls: Any, lab: Any = None) -> None:
                 f"not split evenly over {world} ranks; pad the flat tensor with zeros to a multiple "
                 f"of world_size first, and leave the padding out when you copy back.\nHint: "
                 + ZERO_HINT)
-    steps64.verdict("Zero1Adam", "adam", weights, ZERO_HINT)
+    steps64.verdict("Zero1Adam", "adam", weights, ZERO_HINT, batches)
     shard = 8 * 2 * -(-n // world)                     # exp_avg and exp_avg_sq, float64
     if any(g["state"] is None for g in got):
         raise AssertionError("Zero1Adam: the weights are right, but the check finds no "
@@ -176,22 +183,21 @@ def _fsdp_units(fns: tuple, n: int) -> Any:
     return {"shard": shard, "gathered": gathered, "reduced": reduced}
 
 
-def _train_fsdp(fns: tuple) -> Any:
+def _train_fsdp(fns: tuple, rows: list) -> Any:
     """On a rank: train the model as FlatShardedLinear units with the student's functions."""
     import torch
     import torch.distributed as dist
 
     shard_flat, gather_flat, reduce_scatter_flat = fns
     unit = _flat_sharded_linear()
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     linears = [m for m in steps64.model() if isinstance(m, torch.nn.Linear)]
     with refusing_library(steps64.LIBRARY, "shard_flat / gather_flat / reduce_scatter_flat", "FSDP"):
         shards = [shard_flat(torch.cat([m.weight.detach().reshape(-1), m.bias.detach()]))
                   .detach().clone().requires_grad_() for m in linears]
         opt = steps64.optimizer("sgd", shards)
-        for step in range(steps64.STEPS):
+        for h, y in rows:
             opt.zero_grad()
-            h, y = steps64.batch(step, world, rank)
             for i, m in enumerate(linears):
                 h = unit.apply(h, shards[i], m.out_features, m.in_features, gather_flat,
                                reduce_scatter_flat)
@@ -255,9 +261,12 @@ def fsdp_flat(shard_flat: Any, gather_flat: Any, reduce_scatter_flat: Any, lab: 
                                      f"Hint: " + FSDP_HINT)
         compare(f"reduce_scatter_flat(1..{n} times (rank + 1)): the mean, this rank's piece",
                 _padded_pieces(values * mean, world), reduced, atol=1e-12, hint=FSDP_HINT)
+    batches = steps64.drawn(world)
     got = run_student_code("training with FlatShardedLinear and your three functions", _train_fsdp,
-                           fns, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG)
-    steps64.verdict("fsdp_flat", "sgd", [g["weights"] for g in got], FSDP_HINT)
+                           fns, lab=lab, timeout=steps64.TIMEOUT, hint=_HANG,
+                           each=steps64.each_rank(batches, world))
+    got = [got[rank] for rank in range(world)]
+    steps64.verdict("fsdp_flat", "sgd", [g["weights"] for g in got], FSDP_HINT, batches)
     passed(f"shard_flat, gather_flat and reduce_scatter_flat: padded pieces, gathered without the "
            f"padding, gradients averaged once; {steps64.STEPS} FSDP steps give one process's weights "
            f"(float64, {steps64.TOLERANCE:g}).")

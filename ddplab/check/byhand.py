@@ -3,16 +3,19 @@
     ddplab.check.average_gradients()            # one all_reduce per parameter
     ddplab.check.average_gradients_flat()       # all gradients in one flat tensor, fewer all_reduces
 
-Each runs, on every rank, 5 SGD steps of ``train.SmallCNN`` in float64 twice
-from the same start: once calling the student's function between
-``backward()`` and ``step()``, once under ``DistributedDataParallel``. Every
-rank gets its own batches, so a function that does not average (or averages
-the wrong thing) ends with weights that differ from DDP's. It also counts the
-all_reduces the student's function issues per step, as torch's flight recorder saw
-them (``_forbid.counting``: an alias of ``dist.all_reduce`` is counted too). When the weights differ, one
-more step says what the function did to the gradients, by its effect: the sum
-(no division), the mean times a constant (divided by a fixed number), left
-unchanged (a temporary copy was reduced, or nothing), or only some of them.
+Each runs, on every rank, 5 SGD steps of ``train.SmallCNN`` in float64, calling
+the student's function between ``backward()`` and ``step()``. Every rank gets
+its own batches, drawn by the checker from a seed no rank sees and sent to
+that rank alone (``Lab.run_each``), so a rank learns the others' gradients
+only by communicating. The weights come back, and the checker compares them
+here, with its own torch, with DDP's computed in one process (each rank's
+gradient, summed and divided by the number of ranks): nothing on a rank holds
+or computes the verdict. It also counts the all_reduces the student's function
+issues per step, as torch's flight recorder saw them (``_forbid.counting``: an
+alias of ``dist.all_reduce`` is counted too). When the weights differ, one more step says what the
+function did to the gradients, by its effect: the sum (no division), the mean
+times a constant (divided by a fixed number), left unchanged (a temporary
+copy was reduced, or nothing), or only some of them.
 """
 
 from __future__ import annotations
@@ -30,63 +33,100 @@ _TIMEOUT = 15.0            # the 5 steps take about a second: longer is a deadlo
 _STEPS, _BATCH = 5, 8
 
 
-def _train_both(name: str, steps: int, batch: int) -> Any:
-    """On a rank: the weights after ``steps`` steps by hand and under DDP, and all_reduce calls per step."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
+def _train_by_hand(name: str, xs: Any, ys: Any) -> Any:
+    """On a rank: the weights after one SGD step per batch of ``xs``/``ys``, the student's function
+    called between ``backward()`` and ``step()``; and its all_reduce calls per step.
 
-    from ddplab import data, train
+    ``xs``/``ys`` are this rank's batches, drawn by the checker and sent to this rank
+    alone (``Lab.run_each``). Nothing here knows what the weights should be: the
+    checker computes that in its own process (``_reference``).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from ddplab import train
     from ddplab.rank.engine import namespace
 
     student = namespace().get(name)
     if not callable(student):
         return MISSING
-    rank, n = dist.get_rank(), dist.get_world_size()
     device = train.device_for_this_rank()
-    train_set, _ = data.digits(dtype=torch.float64)
-
-    def batches():
-        for step in range(steps):                      # rank r of step s: its own 8 samples
-            start = (step * n + rank) * batch
-            x, y = train_set[start:start + batch]
-            yield x.to(device), y.to(device)
-
-    def fresh():
-        torch.manual_seed(0)                           # the same start on every rank, no broadcast needed
-        return train.SmallCNN().double().to(device)
-
-    model = fresh()
+    torch.manual_seed(0)                               # the same start on every rank, no broadcast needed
+    model = train.SmallCNN().double().to(device)
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
     calls = []                                         # per step: one look at the recorder each
-    for x, y in batches():
+    for x, y in zip(xs, ys):
         sgd.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(x.to(device)), y.to(device)).backward()
         with counting("all_reduce") as count:
             student(model)
         calls.append(count[0])
         sgd.step()
-    by_hand = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu()
-
-    ddp = DDP(fresh(), device_ids=[device.index] if device.type == "cuda" else None)
-    sgd = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    for x, y in batches():
-        sgd.zero_grad()
-        F.cross_entropy(ddp(x), y).backward()
-        sgd.step()
-    reference = torch.cat([p.detach().flatten() for p in ddp.parameters()]).cpu()
-    return {"gap": (by_hand - reference).abs().max().item(),
-            "calls": -1 if -1 in calls else sum(calls) / steps,
+    return {"weights": torch.cat([p.detach().flatten() for p in model.parameters()]).cpu(),
+            "calls": -1 if -1 in calls else sum(calls) / len(xs),
             "params": sum(1 for _ in model.parameters())}
 
 
+def _batches(n: int, steps: int, batch: int) -> tuple[list[Any], list[Any]]:
+    """Each rank's batches ``(xs[r], ys[r])``: digits drawn from a seed no rank sees, fresh per check.
+
+    Rank ``r`` is sent only its own; so the whole batch of a step, which the
+    average stands for, is known to a rank only through communication.
+    """
+    import secrets
+
+    import torch
+
+    from ddplab import data
+
+    train_set, _ = data.digits(dtype=torch.float64)
+    order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(secrets.randbits(62)))
+    x, y = train_set[order[:steps * n * batch]]
+    x, y = x.view(steps, n, batch, *x.shape[1:]), y.view(steps, n, batch)
+    return [x[:, r].clone() for r in range(n)], [y[:, r].clone() for r in range(n)]
+
+
+def _reference(xs: list[Any], ys: list[Any]) -> Any:
+    """In the checker's process: DDP's weights, computed in one process in float64.
+
+    Each step, each rank's gradient of its own batch, summed over ranks and
+    divided by their number (what DDP's all_reduce leaves), then the SGD step.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from ddplab import train
+
+    with torch.random.fork_rng():                      # the notebook's random stream stays as it was
+        torch.manual_seed(0)
+        model = train.SmallCNN().double()
+    params = list(model.parameters())
+    sgd = torch.optim.SGD(params, lr=0.1)
+    for step in range(len(xs[0])):
+        grads = [torch.autograd.grad(F.cross_entropy(model(x[step]), y[step]), params)
+                 for x, y in zip(xs, ys)]
+        for i, p in enumerate(params):
+            p.grad = sum(g[i] for g in grads) / len(xs)
+        sgd.step()
+    return torch.cat([p.detach().flatten() for p in params])
+
+
 def _run(name: str, lab: Any, timeout: float) -> list[dict]:
+    """The student's training on the ranks, each on its own batches; ``gap``: the distance to DDP's."""
+    import torch
+
     warm_up_ddp(lab)
-    got = run_student_code(f"{name}(model)", _train_both, name, _STEPS, _BATCH, lab=lab,
-                           timeout=timeout, hint="every rank must all_reduce the same "
-                                                 "parameters, in the same order.")
+    xs, ys = _batches(lab.world_size, _STEPS, _BATCH)
+    got = run_student_code(f"{name}(model)", _train_by_hand, name, lab=lab, timeout=timeout,
+                           hint="every rank must all_reduce the same parameters, in the same order.",
+                           each={rank: (xs[rank], ys[rank]) for rank in range(lab.world_size)})
+    got = [got[rank] for rank in range(lab.world_size)]
     require_function(got, name)
+    expected = _reference(xs, ys)
+    for g in got:
+        weights = g["weights"]
+        good = isinstance(weights, torch.Tensor) and weights.shape == expected.shape
+        g["gap"] = float((weights.double() - expected).abs().max()) if good else float("inf")
     return got
 
 

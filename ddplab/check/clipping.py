@@ -7,7 +7,9 @@
   process over the whole batch (to 1e-10); torch's ``clip_grad_norm_``, which
   knows DTensors, is refused for the student's call. A wrong norm is named by
   its ratio to the right one (one shard's only, or the norms added instead of
-  the squares).
+  the squares). The samples and the max_norms are drawn for each check from a
+  seed no rank sees, each rank sent only its samples (``Lab.run_each``); the
+  one-process reference is computed and compared in the checker.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from ._core import compare, lab_or_current, passed, run_student_function
 __all__ = ["clip_sharded"]
 
 _TIMEOUT = 60.0
-#: max_norm as a fraction of the true norm: one that clips, one that does not.
-FRACTIONS = (0.25, 4.0)
+#: max_norm as a fraction of the true norm, drawn per check from these ranges: one that clips, one
+#: that does not.
+FRACTIONS = ((0.2, 0.5), (2.0, 5.0))
 
 
 def _counted(student: Callable, model: Any, max_norm: float) -> tuple[Any, int]:
@@ -49,34 +52,69 @@ def _counted(student: Callable, model: Any, max_norm: float) -> tuple[Any, int]:
     return got, calls[0]
 
 
-def _answers(student: Callable) -> list[dict]:
-    """On a rank: per max_norm, the student's norm and clipped gradients against one process's."""
+def _answers(student: Callable, x: Any, y: Any, max_norms: list[float]) -> list[dict]:
+    """On a rank: per max_norm, the student's norm, its all_reduce calls and the clipped gradients.
+
+    ``x``, ``y`` are this rank's samples and ``max_norms`` the limits, drawn by the
+    checker and sent to this rank alone; the checker compares in its own process.
+    """
     import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
 
     from ddplab.checkpointing import fsdp_mlp
-    from ddplab.sharding import digits_batch, mlp
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    images, labels = digits_batch(16 * world, start=24, dtype=torch.float64)
     out = []
-    for fraction in FRACTIONS:
-        one = mlp(seed=4, dtype=torch.float64)
-        F.cross_entropy(one(images), labels).backward()
-        norm = torch.nn.utils.clip_grad_norm_(one.parameters(), float("inf")).item()   # clips nothing
-        expected = torch.nn.utils.clip_grad_norm_(one.parameters(), fraction * norm).item()
+    for max_norm in max_norms:
         model = fsdp_mlp(seed=4)
-        x, y = images[16 * rank:16 * (rank + 1)], labels[16 * rank:16 * (rank + 1)]
         F.cross_entropy(model(x), y).backward()        # FSDP2: each rank its shard of the mean gradient
-        got, calls = _counted(student, model, fraction * norm)
+        got, calls = _counted(student, model, max_norm)
         grads = [p.grad.full_tensor() for p in model.parameters()]     # every rank calls it
         one_value = isinstance(got, (float, int, torch.Tensor)) and torch.as_tensor(got).numel() == 1
-        out.append({"norm": float(got) if one_value else None, "expected": expected, "calls": calls,
-                    "grads": all(g.shape == p.grad.shape
-                                 and bool(torch.allclose(g, p.grad, rtol=0, atol=1e-10))
-                                 for g, p in zip(grads, one.parameters()))})
+        out.append({"norm": float(got) if one_value else None, "calls": calls, "grads": grads})
     return out
+
+
+def _drawn(world: int) -> tuple[Any, Any, list[float]]:
+    """In the checker: ``16 * world`` digits and the two max_norms' fractions, from a seed drawn now.
+
+    The fractions are drawn too, so that a max_norm does not tell a rank the global norm.
+    """
+    import random
+    import secrets
+
+    import torch
+
+    from ddplab.data import digits
+
+    seed = secrets.randbits(62)
+    train_set, _ = digits(dtype=torch.float64)
+    rows = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(seed))[:16 * world]
+    draw = random.Random(seed)
+    images, labels = train_set[rows]
+    return images, labels, [draw.uniform(*FRACTIONS[0]), draw.uniform(*FRACTIONS[1])]
+
+
+def _one_process(images: Any, labels: Any, fraction: float) -> tuple[float, float, list]:
+    """In the checker: max_norm (``fraction`` of the norm), the norm and the gradients clip_grad_norm_
+    leaves, on one process over every rank's samples."""
+    import torch
+    import torch.nn.functional as F
+
+    from ddplab.sharding import mlp
+
+    one = mlp(seed=4, dtype=torch.float64)
+    F.cross_entropy(one(images), labels).backward()
+    norm = torch.nn.utils.clip_grad_norm_(one.parameters(), float("inf")).item()   # clips nothing
+    expected = torch.nn.utils.clip_grad_norm_(one.parameters(), fraction * norm).item()
+    return fraction * norm, expected, [p.grad for p in one.parameters()]
+
+
+def _same_grads(got: Any, expected: list) -> bool:
+    import torch
+
+    return (isinstance(got, list) and len(got) == len(expected)
+            and all(isinstance(g, torch.Tensor) and g.shape == e.shape
+                    and bool(torch.allclose(g, e, rtol=0, atol=1e-10)) for g, e in zip(got, expected)))
 
 
 def _norm_hint(got: float | None, expected: float, world: int) -> str:
@@ -99,11 +137,16 @@ def clip_sharded(lab: Any = None) -> None:
     __tracebackhide__ = True
     lab = lab_or_current(lab)
     n = lab.world_size
+    images, labels, fractions = _drawn(n)
+    ones = [_one_process(images, labels, fraction) for fraction in fractions]
     got = run_student_function("clip_sharded", _answers, lab=lab, timeout=_TIMEOUT,
                                hint="every rank must all_reduce its sum of squares: a rank that "
-                                    "skips it leaves the others waiting.")
-    for i, fraction in enumerate(FRACTIONS):
-        rows = [g[i] for g in got]
+                                    "skips it leaves the others waiting.",
+                               each={r: (images[16 * r:16 * (r + 1)], labels[16 * r:16 * (r + 1)],
+                                         [max_norm for max_norm, _, _ in ones]) for r in range(n)})
+    for i, fraction in enumerate(fractions):
+        _, expected, grads = ones[i]
+        rows = [dict(g[i], expected=expected, grads=_same_grads(g[i]["grads"], grads)) for g in got]
         what = "clips" if fraction < 1 else "does not clip"
         compare(f"dist.all_reduce calls in clip_sharded (max_norm {what})", [1] * n,
                 [r["calls"] for r in rows],

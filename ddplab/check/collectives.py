@@ -9,10 +9,12 @@ on every rank and can use that rank's ``rank``, ``world_size`` and groups:
 
 The check cell names no arguments, ``ddplab.check.global_mean()``: the
 checker finds the function by name on each rank, calls it there with inputs
-it made itself (distinct per rank and per trial, so an answer that only fits
-the notebook's numbers fails), and computes the expected answer in the
-kernel with single-process torch over every rank's input. What the student's
-code does to its inputs on the ranks cannot change that reference.
+it drew itself from a seed no rank sees (distinct per rank and per trial, so
+an answer that only fits the notebook's numbers fails), each rank sent only
+its own (``Lab.run_each``), and computes the expected answer in the kernel
+with single-process torch over every rank's input. A rank learns another
+rank's input only by communicating, and what the student's code does on the
+ranks cannot change that reference.
 
 A function that raises fails the check with that rank's traceback; one that
 deadlocks fails it with where each rank is stuck (the lab then needs
@@ -30,37 +32,46 @@ __all__ = ["global_mean", "max_and_rank", "parity_sum", "rows_to_columns"]
 _CHECK_TIMEOUT = 60.0
 
 
-def _call(name: str, inputs: list[Any]) -> Any:
-    """On a rank: call the student's ``name`` on this rank's input.
+def _call(name: str, arg: Any) -> Any:
+    """On a rank: call the student's ``name`` on this rank's input ``arg``, sent to this rank alone.
 
     Returns ``[answer, the input as it is afterwards]``, or a marker when the
     rank has no such function (the exercise cell did not run, or failed).
     """
-    import torch.distributed as dist
-
     from ddplab.rank.engine import namespace
 
     fn = namespace().get(name)
     if not callable(fn):
         return MISSING
-    arg = inputs[dist.get_rank()]
     return [fn(arg), arg]
 
 
 def _answers(name: str, inputs: list[Any], lab: Any, timeout: float) -> list[list[Any]]:
-    """``_call`` on every rank; a missing function, an exception or a hang becomes an AssertionError."""
-    got = run_student_code(f"{name}(...)", _call, name, inputs, lab=lab, timeout=timeout,
+    """``_call`` on every rank, rank ``r`` sent only ``inputs[r]`` (``Lab.run_each``); results by rank.
+
+    A missing function, an exception or a hang becomes an AssertionError.
+    """
+    got = run_student_code(f"{name}(...)", _call, name, lab=lab, timeout=timeout,
                            hint="every rank of a group must call the same collectives in the "
-                                "same order.")
+                                "same order.", each={rank: (x,) for rank, x in enumerate(inputs)})
+    got = [got[rank] for rank in range(len(inputs))]
     require_function(got, name)
     return got
 
 
-def _integers(trial: int, rank: int, shape: tuple[int, ...]) -> Any:
-    """Small whole numbers as float32, distinct per trial and rank: sums and means stay exact."""
+def _draw() -> Any:
+    """A generator seeded now, from a seed no rank sees: each check's inputs are new."""
+    import secrets
+
     import torch
 
-    generator = torch.Generator().manual_seed(7919 * trial + rank)
+    return torch.Generator().manual_seed(secrets.randbits(62))
+
+
+def _integers(generator: Any, rank: int, shape: tuple[int, ...]) -> Any:
+    """Small whole numbers as float32, distinct per draw and rank: sums and means stay exact."""
+    import torch
+
     return torch.randint(-9, 10, shape, generator=generator).float() + 20 * rank
 
 
@@ -92,8 +103,9 @@ def global_mean(lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
     lab = lab_or_current(lab)
     n = lab.world_size
     # Lengths that differ per rank, so that the mean of means is wrong; then one rank with none.
-    for trial, lengths in enumerate([[1 + 2 * r for r in range(n)], [3] * (n - 1) + [0]]):
-        inputs = [_integers(trial, rank, (length,)) for rank, length in enumerate(lengths)]
+    for lengths in ([1 + 2 * r for r in range(n)], [3] * (n - 1) + [0]):
+        generator = _draw()
+        inputs = [_integers(generator, rank, (length,)) for rank, length in enumerate(lengths)]
         got = _answers("global_mean", inputs, lab, timeout)
         expected = torch.cat(inputs).mean().item()
         what = f"global_mean(losses) with losses = {_said(inputs)}"
@@ -117,8 +129,8 @@ def max_and_rank(lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
     lab = lab_or_current(lab)
     n = lab.world_size
     trials = []
-    for trial in range(2):
-        values = [float(v) / 4 for v in _integers(trial + 10, 0, (n,)).tolist()]
+    for _ in range(2):
+        values = [float(v) / 4 for v in _integers(_draw(), 0, (n,)).tolist()]
         trials.append(values)
     # All negative (a running max that starts at 0 shows up), and the largest held
     # by two ranks: the answer must name the smaller one.
@@ -155,8 +167,9 @@ def parity_sum(lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
 
     lab = lab_or_current(lab)
     n = lab.world_size
-    for trial, shape in enumerate([(3,), (2,)]):
-        inputs = [_integers(trial + 20, rank, shape) for rank in range(n)]
+    for shape in ((3,), (2,)):
+        generator = _draw()
+        inputs = [_integers(generator, rank, shape) for rank in range(n)]
         got = _answers("parity_sum", inputs, lab, timeout)
         expected = [torch.stack(inputs[rank % 2::2]).sum(0) for rank in range(n)]
         compare(f"parity_sum(x) with x = {_said(inputs)}", expected,
@@ -181,8 +194,9 @@ def rows_to_columns(lab: Any = None, timeout: float = _CHECK_TIMEOUT) -> None:
 
     lab = lab_or_current(lab)
     n = lab.world_size
-    for trial, (k, width) in enumerate([(1, 1), (2, 2), (2, 1)]):
-        matrix = torch.arange(float(n * k * n * width)).reshape(n * k, n * width) + 100 * trial
+    for k, width in ((1, 1), (2, 2), (2, 1)):
+        # distinct values, so that a piece in the wrong place shows
+        matrix = torch.randperm(n * k * n * width, generator=_draw()).float().reshape(n * k, n * width)
         inputs = [block.clone() for block in matrix.chunk(n, dim=0)]
         got = _answers("rows_to_columns", inputs, lab, timeout)
         expected = [column.clone() for column in matrix.chunk(n, dim=1)]

@@ -17,6 +17,11 @@ output is matched against tokens combined out of order and gates not applied.
 tokens; every rank must return the loss of all tokens together, matched
 against the loss of the rank's own tokens only, the ranks' losses averaged, and
 the fraction not divided by k. Only ``all_reduce`` may move data.
+
+Both draw the tokens (and ``moe_layer`` the experts' weights) for each check
+from seeds no rank sees, and send each rank only its own tokens and experts
+(``Lab.run_each``); the outputs come back and are compared here, with the
+checker's torch. A rank can know another's tokens or experts only by communicating.
 """
 
 from __future__ import annotations
@@ -34,12 +39,12 @@ WARM_UP = 120.0          # the check's own warm-up on fresh ranks of a loaded ma
 DIM, K, ATOL = 6, 2, 1e-10
 
 
-def _case(rank: int, world: int, capacity: bool) -> tuple:
-    """On any process: rank ``rank``'s tokens and routing, ``(x, idx, gates)``; 2 experts per rank."""
+def _case(rank: int, world: int, capacity: bool, seed: int) -> tuple:
+    """Rank ``rank``'s tokens (from ``seed``) and their routing, ``(x, idx, gates)``; 2 experts per rank."""
     from ddplab import moe
 
     experts = 2 * world
-    x = moe.tokens(6 + 2 * rank, DIM, seed=rank)
+    x = moe.tokens(6 + 2 * rank, DIM, seed=seed)
     idx, gates, _ = moe.Router(DIM, experts, seed=5, skew=1.5)(x, K)
     if capacity:
         idx = moe.drop(idx, moe.capacity_keep(idx, experts, moe.capacity(len(x), K, experts, 1.0)))
@@ -97,18 +102,37 @@ def _no_p2p(exercise: str) -> Callable[[], None]:
     return swap_peer_calls(refuse)
 
 
-def _layer_run(fn: Callable, capacity: bool) -> dict:
-    """On a rank: the student's layer on this rank's tokens, with every all_to_all_single watched."""
+def _drawn_experts(num: int) -> list:
+    """``moe.experts(num, DIM)`` with weights drawn now from a seed no rank sees.
+
+    ``moe.experts`` seeds each expert by its index, so any rank could make
+    every expert; these a rank holds only if the checker sent them to it.
+    """
+    import secrets
+
+    import torch
+
+    from ddplab import moe
+
+    generator = torch.Generator().manual_seed(secrets.randbits(62))
+    everyone = moe.experts(num, DIM)
+    with torch.no_grad():
+        for p in (p for expert in everyone for p in expert.parameters()):
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) / p.shape[-1] ** 0.5)
+    return everyone
+
+
+def _layer_run(fn: Callable, x: Any, idx: Any, gates: Any, mine: dict) -> dict:
+    """On a rank: the student's layer on this rank's tokens, with every all_to_all_single watched.
+
+    The tokens, their routing and this rank's experts were drawn by the checker
+    and sent to this rank alone: another rank's tokens or experts it learns
+    only by communicating, and the checker compares the output in its own process.
+    """
     import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    from ddplab import moe
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    x, idx, gates = _case(rank, world, capacity)
-    everyone = moe.experts(2 * world, DIM)
-    mine = {e: everyone[e] for e in moe.local(rank, 2 * world, world)}
     log: list = []
     real = dist.all_to_all_single
     watched = _watched(real, log, "moe_layer")
@@ -155,6 +179,8 @@ def _out_of_order(x: Any, idx: Any, gates: Any, everyone: list) -> list:
 def moe_layer(fn: Callable, lab: Any = None) -> None:
     """Check ``fn(x, idx, gates, experts)``: an expert-parallel MoE layer equal to one process's."""
     __tracebackhide__ = True
+    import secrets
+
     import torch
 
     from ddplab import moe
@@ -163,11 +189,15 @@ def moe_layer(fn: Callable, lab: Any = None) -> None:
         raise AssertionError(f"pass your function, as in ddplab.check.moe_layer(my_moe_layer); got {fn!r}.")
     lab = lab_or_current(lab)
     p = lab.world_size
-    everyone = moe.experts(2 * p, DIM)
+    everyone = _drawn_experts(2 * p)
     run_on_ranks(warm, lab=lab, timeout=WARM_UP)
     for capacity in (False, True):
-        got = run_student_code("moe_layer(x, idx, gates, experts)", _layer_run, fn, capacity, lab=lab,
+        cases = [_case(rank, p, capacity, secrets.randbits(40)) for rank in range(p)]
+        own = {rank: (*cases[rank], {e: everyone[e] for e in moe.local(rank, 2 * p, p)})
+               for rank in range(p)}
+        got = run_student_code("moe_layer(x, idx, gates, experts)", _layer_run, fn, lab=lab, each=own,
                                timeout=TIMEOUT, hint="every rank must make the same all_to_all calls.")
+        got = [got[rank] for rank in range(p)]
         raise_refusal(got)
         moved = [sum(1 for floating, _, _ in g["log"] if floating) for g in got]
         if min(moved) < 2:
@@ -175,7 +205,7 @@ def moe_layer(fn: Callable, lab: Any = None) -> None:
                                  f"some rank; dispatch the rows to their experts' ranks with one and "
                                  f"bring the results back with another (dist.all_to_all_single).")
         for rank, g in enumerate(got):
-            x, idx, gates = _case(rank, p, capacity)
+            x, idx, gates = cases[rank]
             expected = moe.reference(x, idx, gates, everyone)
             mine = g["out"]
             if same(expected, mine, ATOL):
@@ -201,10 +231,11 @@ def moe_layer(fn: Callable, lab: Any = None) -> None:
 
 
 # ----------------------------------------------------------------- balance
-def _balance_case(rank: int, world: int) -> tuple:
+def _balance_case(rank: int, world: int, seed: int) -> tuple:
+    """Rank ``rank``'s router probabilities and top-k choices, for tokens drawn from ``seed``."""
     from ddplab import moe
 
-    x = moe.tokens(5 + 3 * rank, DIM, seed=10 + rank) + rank   # each rank's tokens lean elsewhere
+    x = moe.tokens(5 + 3 * rank, DIM, seed=seed) + rank   # each rank's tokens lean elsewhere
     idx, _, probs = moe.Router(DIM, 2 * world, seed=5)(x, K)
     return probs.detach(), idx.detach()
 
@@ -218,11 +249,11 @@ def _loss(probs: Any, idx: Any, k: int = K) -> float:
     return float(experts * (f * probs.mean(0)).sum())
 
 
-def _balance_run(fn: Callable) -> Any:
+def _balance_run(fn: Callable, probs: Any, idx: Any) -> Any:
+    """On a rank: ``fn`` on this rank's ``probs``/``idx``, sent to it alone; only all_reduce moves data."""
     import torch
     import torch.distributed as dist
 
-    probs, idx = _balance_case(dist.get_rank(), dist.get_world_size())
     undo = _no_p2p("balance_loss")
     others = tuple(c for c in COLLECTIVES if c != "all_reduce")
     try:
@@ -238,6 +269,8 @@ def _balance_run(fn: Callable) -> Any:
 def balance_loss(fn: Callable, lab: Any = None) -> None:
     """Check ``fn(probs, idx)``: the balance loss of every rank's tokens together, on every rank."""
     __tracebackhide__ = True
+    import secrets
+
     import torch
 
     if not callable(fn):
@@ -246,11 +279,13 @@ def balance_loss(fn: Callable, lab: Any = None) -> None:
     lab = lab_or_current(lab)
     p = lab.world_size
     run_on_ranks(warm, lab=lab, timeout=WARM_UP)
+    cases = [_balance_case(rank, p, secrets.randbits(40)) for rank in range(p)]
     got = run_student_code("balance_loss(probs, idx)", _balance_run, fn, lab=lab, timeout=TIMEOUT,
-                           hint="every rank must make the same all_reduce calls.")
+                           hint="every rank must make the same all_reduce calls.",
+                           each=dict(enumerate(cases)))
+    got = [got[rank] for rank in range(p)]
     raise_refusal(got)
     got = [g["value"] for g in got]
-    cases = [_balance_case(rank, p) for rank in range(p)]
     probs, idx = torch.cat([c[0] for c in cases]), torch.cat([c[1] for c in cases])
     expected = _loss(probs, idx)
     local = [_loss(*c) for c in cases]

@@ -16,7 +16,10 @@ rank skips the blocks in its future; a wrong causal result is matched against
 the usual mistakes (the mask not offset by the block's place, offset by one
 block, the diagonal left out). ``ulysses``: only ``all_to_all`` may move data,
 each element of the slice once (not the whole slice to every rank); the pieces
-reshaped without moving the rank dimension are named.
+reshaped without moving the rank dimension are named. The inputs of
+``ring_attention`` and ``ulysses`` are drawn for each check from a seed no rank
+sees, each rank sent only its own slices (``Lab.run_each``), and the answers
+are compared here: a rank can know another rank's slice only by communicating.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ __all__ = ["lse_merge", "ring_attention", "ulysses"]
 TIMEOUT = 15.0
 #: Seconds the check's own warm-up may take on fresh ranks of a loaded machine (imports, first products).
 WARM_UP = 120.0
-SEQ, HEADS, DIM, SEED = 24, 8, 5, 3    # 8 heads: 2 a rank on 4 ranks, where a permute matters
+SEQ, HEADS, DIM = 24, 8, 5    # 8 heads: 2 a rank on 4 ranks, where a permute matters
 ATOL = 1e-10
 HANG_HINT = ("a ring where every rank first waits in recv (or in a blocking send) for its neighbour "
              "never moves. Post dist.isend to the right and dist.irecv from the left, compute, "
@@ -105,11 +108,11 @@ def lse_merge(fn: Callable, lab: Any = None) -> None:
 
 
 # ----------------------------------------------------------------- the ring
-def _reference(causal: bool, keep: Any = None) -> Any:
+def _reference(qkv: tuple, causal: bool, keep: Any = None) -> Any:
     """Attention over the whole sequence, or with the key mask ``keep`` (S x S) of a wrong answer."""
     from ddplab import attention
 
-    q, k, v = attention.qkv(SEQ, HEADS, DIM, SEED)
+    q, k, v = qkv
     if keep is None:
         return attention.full(q, k, v, causal)
     return attention.block(q, k, v, keep)[0]
@@ -180,12 +183,18 @@ def _computes(log: list) -> int:
     return sum(1 for e in log if e[0] == "compute")
 
 
-def _run_ring(fn: Callable, lab: Any, causal: bool) -> list[dict]:
+def _run_ring(fn: Callable, lab: Any, causal: bool, qkv: tuple) -> list[dict]:
+    """``fn`` on every rank, each sent only its slices of ``qkv`` (``Lab.run_each``); results by rank."""
     __tracebackhide__ = True
+    from ddplab import attention
+
+    p = lab.world_size
     run_on_ranks(_ring.warm, lab=lab, timeout=WARM_UP)
-    return run_student_code(f"ring_attention(q, k, v, causal={causal})", _ring.ring_run, fn,
-                            "ring_attention", causal, SEQ, HEADS, DIM, SEED, lab=lab,
-                            timeout=TIMEOUT, hint=HANG_HINT)
+    got = run_student_code(f"ring_attention(q, k, v, causal={causal})", _ring.ring_run, fn,
+                           "ring_attention", causal, SEQ, lab=lab, timeout=TIMEOUT, hint=HANG_HINT,
+                           each={rank: tuple(attention.shard(t, rank, p) for t in qkv)
+                                 for rank in range(p)})
+    return [got[rank] for rank in range(p)]
 
 
 def ring_attention(fn: Callable, lab: Any = None) -> None:
@@ -196,7 +205,8 @@ def ring_attention(fn: Callable, lab: Any = None) -> None:
     _need(fn, "ring_attention")
     lab = lab_or_current(lab)
     p = lab.world_size
-    runs = {causal: _run_ring(fn, lab, causal) for causal in (False, True)}
+    qkv = _drawn()                     # one draw for both runs: causal and not compare on one input
+    runs = {causal: _run_ring(fn, lab, causal, qkv) for causal in (False, True)}
     for got in runs.values():
         _ring.raise_refusal(got)
     for causal, got in runs.items():
@@ -209,13 +219,13 @@ def ring_attention(fn: Callable, lab: Any = None) -> None:
         if problems:
             raise AssertionError(f"ring_attention(causal={causal}): the messages are not a ring's:\n"
                                  + "\n".join(f"  {line}" for line in problems))
-        expected = _reference(causal)
+        expected = _reference(qkv, causal)
         for rank, g in enumerate(got):
             mine = attention.shard(expected, rank, p)
             if same(mine, g["out"], ATOL):
                 continue
             why = next((words for words, keep in (_wrong_masks(p).items() if causal else ())
-                        if same(attention.shard(_reference(True, keep), rank, p), _zeroed(g["out"]),
+                        if same(attention.shard(_reference(qkv, True, keep), rank, p), _zeroed(g["out"]),
                                 ATOL)),
                        "merge each block's (out, lse) into the running result with the "
                        "log-sum-exp weights; the queries stay, only K and V travel")
@@ -241,6 +251,15 @@ def ring_attention(fn: Callable, lab: Any = None) -> None:
 
 
 # ----------------------------------------------------------------- Ulysses
+def _drawn() -> tuple[Any, Any, Any]:
+    """Queries, keys and values of the check's shape from a seed drawn now, which no rank sees."""
+    import secrets
+
+    from ddplab import attention
+
+    return attention.qkv(SEQ, HEADS, DIM, secrets.randbits(40))
+
+
 def _unpermuted(pieces: list, p: int, shape: tuple) -> Any:
     """What rank r gets when the p pieces are put end to end with reshape, not permute."""
     import torch
@@ -258,9 +277,15 @@ def ulysses(to_heads: Callable, to_seq: Callable, lab: Any = None) -> None:
     lab = lab_or_current(lab)
     p = lab.world_size
     run_on_ranks(_ring.warm, lab=lab, timeout=WARM_UP)
+    # Drawn here for this check alone, each rank sent only its own slices: q, k, v, and the heads
+    # of another tensor for heads_to_seq (so that no input is another's answer).
+    (q, k, v), other = _drawn(), _drawn()[0]
+    own = {rank: (*(attention.shard(t, rank, p) for t in (q, k, v)), attention.shard(other, rank, p, 0))
+           for rank in range(p)}
     got = run_student_code("seq_to_heads / heads_to_seq", _ring.reshard_run, to_heads, to_seq,
-                           "ulysses", SEQ, HEADS, DIM, SEED, lab=lab, timeout=TIMEOUT,
+                           "ulysses", lab=lab, timeout=TIMEOUT, each=own,
                            hint="every rank must call all_to_all the same number of times.")
+    got = [got[rank] for rank in range(p)]
     _ring.raise_refusal(got)
     extra = [rank for rank, g in enumerate(got) if g["moved"] > g["slice"]]
     if extra:
@@ -270,10 +295,9 @@ def ulysses(to_heads: Callable, to_seq: Callable, lab: Any = None) -> None:
             f"slice of {g['slice']}: more than the slice itself. A re-shard sends each element once, "
             f"heads j*H/p.. to rank j (the piece for itself included); sending the whole slice to "
             f"every rank is an all_gather, p times the bytes.")
-    q = attention.qkv(SEQ, HEADS, DIM, SEED)[0]
     for rank, g in enumerate(got):
         heads = attention.shard(q, rank, p, 0)
-        seq = attention.shard(q, rank, p)
+        seq = attention.shard(other, rank, p)
         for name, expected, mine, given in (
                 ("seq_to_heads", heads, g["heads"], "its sequence slice (H, S/p, d)"),
                 ("heads_to_seq", seq, g["seq"], "its heads (H/p, S, d)")):
@@ -283,7 +307,7 @@ def ulysses(to_heads: Callable, to_seq: Callable, lab: Any = None) -> None:
             if name == "seq_to_heads":
                 pieces = [attention.shard(attention.shard(q, j, p), rank, p, 0) for j in range(p)]
             else:
-                pieces = [attention.shard(q, j, p, 0).reshape(p, HEADS // p, SEQ // p, DIM)[rank]
+                pieces = [attention.shard(other, j, p, 0).reshape(p, HEADS // p, SEQ // p, DIM)[rank]
                           for j in range(p)]
             if same(_unpermuted(pieces, p, tuple(expected.shape)), mine, ATOL):
                 why = ("the p pieces are in the right places as blocks, but were reshaped without "
@@ -297,7 +321,7 @@ def ulysses(to_heads: Callable, to_seq: Callable, lab: Any = None) -> None:
             raise AssertionError(f"{name} on rank {rank}, given {given}, returned {shown}: not "
                                  f"expected {list(expected.shape)} (one process, {ATOL:g})."
                                  f"\nHint: {why}.")
-    expected = _reference(True)
+    expected = attention.full(q, k, v, causal=True)
     wrong = [rank for rank, g in enumerate(got)
              if not same(attention.shard(expected, rank, p), g["attention"], ATOL)]
     if wrong:

@@ -6,7 +6,7 @@
     ddplab.check.bubble_fraction(my_bubble_fraction)     # the idle share of a step, from tr.compute
 
 The schedules run on every rank as ``fn(stage, inputs, targets)``: stage = rank
-of ``ddplab.pipeline.model(world_size)`` (float64), ``m`` micro-batches. After
+of ``ddplab.pipeline.model(world_size, seed)`` (float64), ``m`` micro-batches. After
 each of 3 steps the check takes an SGD step itself, and compares each rank's
 weights with one process training the whole model on the whole batch (1e-12).
 Before that it says what went wrong, by what it saw: a micro-batch sent to a
@@ -15,7 +15,11 @@ gradients ``m`` times too large (not averaged) or of one micro-batch only (not
 accumulated), a forward and backward order that is not the schedule's. A hang
 fails within ``TIMEOUT`` s naming where each rank is stuck; the check then
 restarts the lab. ``torch.distributed.pipelining``, ``batch_isend_irecv`` and
-every collective are refused during the student's call.
+every collective are refused during the student's call. The model's weights and
+the batches are drawn for each check from seeds no rank sees; each rank is sent
+only its stage's block, and the inputs only to stage 0, the targets only to the
+last (the others get zeros of their shapes): a stage learns what another holds
+only from the messages of the pipeline.
 """
 
 from __future__ import annotations
@@ -42,12 +46,16 @@ _RECOVER = ("Then recover with: lab.restart()",
             "Those ranks cannot be freed from inside. Recover with: lab.restart()")
 
 
-def _run(what: str, lab: Any, fn: Callable, *args: Any) -> list[Any]:
-    """``fn`` on every rank; a failure or hang becomes an AssertionError, and a stuck lab is restarted."""
+def _run(what: str, lab: Any, fn: Callable, *args: Any, each: dict[int, tuple]) -> list[Any]:
+    """``fn(*args, *each[rank])`` on every rank, sent only its own ``each[rank]``; results by rank.
+
+    A failure or hang becomes an AssertionError, and a stuck lab is restarted.
+    """
     __tracebackhide__ = True
     run_on_ranks(_stages.warm, *args[:1], lab=lab, timeout=120.0)   # args[0]: the student's function
     try:
-        return run_student_code(what, fn, *args, lab=lab, timeout=TIMEOUT, hint=HANG_HINT)
+        got = run_student_code(what, fn, *args, lab=lab, timeout=TIMEOUT, hint=HANG_HINT, each=each)
+        return [got[rank] for rank in range(lab.world_size)]
     except AssertionError as error:
         if lab.healthy or lab.controller_pid is None:    # no controller of its own: the grader's
             raise                                          # view of a lab, never restarted by a check
@@ -106,17 +114,17 @@ def pipeline_forward(fn: Callable, lab: Any = None) -> None:
     __tracebackhide__ = True
     import torch
 
-    from ddplab import pipeline
 
     _need(fn, "pipeline_forward")
     lab = lab_or_current(lab)
     p = lab.world_size
+    whole, batches = _stages.drawn(p, 1, 1, rows=3)
+    sent = {rank: _stages.sent_to(rank, p, whole, batches) for rank in range(p)}
     got = _run("pipeline_forward(stage, micro_batch)", lab, _stages.forward_once, fn,
-               "pipeline_forward")
+               "pipeline_forward", each={rank: (w, b[0][0][0]) for rank, (w, b) in sent.items()})
     _unwaited("pipeline_forward", got)
     _messages("pipeline_forward", p, got, 1, backward=False)
-    inputs, _ = pipeline.micro_batches(1, rows=3, seed=7)
-    whole, out = pipeline.model(p), inputs[0]
+    out = batches[0][0][0]
     for rank in range(p):
         out = whole[rank](out)
         mine = got[rank]["output"]
@@ -139,10 +147,12 @@ def _check_training(exercise: str, fn: Callable, lab: Any, order: Callable[[int,
     _need(fn, exercise)
     lab = lab_or_current(lab)
     p, m = lab.world_size, MICRO_BATCHES
-    got = _run(f"{exercise}(stage, inputs, targets)", lab, _stages.train, fn, exercise, STEPS, m)
+    whole, batches = _stages.drawn(p, STEPS, m)
+    got = _run(f"{exercise}(stage, inputs, targets)", lab, _stages.train, fn, exercise,
+               each={rank: _stages.sent_to(rank, p, whole, batches) for rank in range(p)})
     _unwaited(exercise, got)
     _messages(exercise, p, [g["messages"][0] for g in got], m, backward=True)
-    weights, first, wrong = _stages.reference(p, STEPS, m)
+    weights, first, wrong = _stages.reference(whole, batches)
     for rank, g in enumerate(got):
         if any(q is None for q in g["grads"]):
             raise AssertionError(f"{exercise}: after the step, some parameters of rank {rank}'s "

@@ -1,8 +1,10 @@
 """Checkers for notebook 04 (sampler sharding); see _core for the shared behaviour.
 
-Each computes the expected answer on the ranks with torch's own
-``DistributedSampler`` (and ``all_gather_object`` across ranks), never from a
-stored answer.
+Each computes the expected answer with torch's own ``DistributedSampler``,
+never from a stored answer: ``offset_sharder`` and ``rank_share`` in the
+checker's process (every rank's sampler, ``num_replicas`` and ``rank`` given),
+where a submission cannot patch it or read it from a frame; ``epoch_orders``
+still on the ranks.
 
     ddplab.check.offset_sharder(my_shard)   # = DistributedSampler(shuffle=False, drop_last=True)
     ddplab.check.epoch_orders()             # `orders`: epochs 5, 6, 7 of a resumed run, as uninterrupted
@@ -31,20 +33,32 @@ def _sampler(n: int, **kwargs):
     return DistributedSampler(range(n), **kwargs)      # rank, world size from the group
 
 
+def _shards(n: int, world: int, **kwargs) -> list[list[int]]:
+    """In the checker: every rank's indices of DistributedSampler over ``n`` samples, by rank.
+
+    Made here with the checker's torch (``num_replicas`` and ``rank`` given, no
+    process group needed), not on the ranks, where the submission's code runs.
+    """
+    from torch.utils.data import DistributedSampler
+    return [list(DistributedSampler(range(n), num_replicas=world, rank=r, **kwargs))
+            for r in range(world)]
+
+
 # ---------------------------------------------------------------- offset_sharder
-def _offset_answers(fn: Callable) -> tuple[list, list]:
+def _offset_answers(fn: Callable) -> list:
+    """On a rank: the student's indices for each size; the checker knows what they should be."""
     import torch.distributed as dist
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    expected = [list(_sampler(n, shuffle=False, drop_last=True)) for n in SIZES]
-    got = [[int(i) for i in fn(n, rank, world_size)] for n in SIZES]
-    return expected, got
+    return [[int(i) for i in fn(n, rank, world_size)] for n in SIZES]
 
 
 def offset_sharder(fn: Callable, lab: Any = None) -> None:
     """Check ``fn(n, rank, world_size)`` against DistributedSampler(shuffle=False, drop_last=True)."""
-    answers = run_on_ranks(_offset_answers, fn, lab=lab)
+    got = run_on_ranks(_offset_answers, fn, lab=lab)
+    world = len(got)
+    shards = {n: _shards(n, world, shuffle=False, drop_last=True) for n in SIZES}
     compare(f"my_shard(n, rank, world_size) for n in {list(SIZES)}",
-            [e for e, _ in answers], [g for _, g in answers],
+            [[shards[n][rank] for n in SIZES] for rank in range(world)], got,
             hint="start at offset `rank`, step by `world_size`, and stop before the last "
                  "n % world_size samples, which drop_last=True drops.")
     passed("your sharder gives every rank exactly DistributedSampler's indices "
@@ -91,28 +105,33 @@ def epoch_orders(lab: Any = None) -> None:
 
 
 # -------------------------------------------------------------------- rank_share
-def _share_answers(fn: Callable) -> tuple[list, list]:
+def _share_answers(fn: Callable) -> list:
+    """On a rank: the student's ``(per_rank, padded, dropped)`` for each case."""
     import torch.distributed as dist
     world_size = dist.get_world_size()
-    expected, got = [], []
+    got = []
     for n in SIZES:
         for drop_last in (False, True):
-            mine = list(_sampler(n, shuffle=True, drop_last=drop_last))
-            everyone = [None] * world_size
-            dist.all_gather_object(everyone, mine)        # every rank's shard, on every rank
-            seen = [i for shard in everyone for i in shard]
-            expected.append((len(mine), len(seen) - len(set(seen)), n - len(set(seen))))
             answer = fn(n, world_size, drop_last)
             got.append(tuple(answer) if isinstance(answer, (list, tuple)) else answer)
-    return expected, got
+    return got
+
+
+def _share(n: int, world: int, drop_last: bool) -> list[tuple[int, int, int]]:
+    """Each rank's (its count, samples repeated as padding, samples dropped), from the sampler."""
+    shards = _shards(n, world, shuffle=True, drop_last=drop_last)
+    seen = [i for shard in shards for i in shard]
+    return [(len(mine), len(seen) - len(set(seen)), n - len(set(seen))) for mine in shards]
 
 
 def rank_share(fn: Callable, lab: Any = None) -> None:
     """Check ``fn(n, world_size, drop_last)`` -> ``(per_rank, padded, dropped)`` on every rank."""
-    answers = run_on_ranks(_share_answers, fn, lab=lab)
+    got = run_on_ranks(_share_answers, fn, lab=lab)
+    world = len(got)
+    expected = [_share(n, world, d) for n in SIZES for d in (False, True)]
     cases = [f"(n={n}, drop_last={d})" for n in SIZES for d in (False, True)]
-    compare(f"rank_share for {', '.join(cases)}", [e for e, _ in answers],
-            [g for _, g in answers],
+    compare(f"rank_share for {', '.join(cases)}", [[e[rank] for e in expected] for rank in range(world)],
+            got,
             hint="drop_last=False pads every rank up to ceil(n / world_size) with repeated "
                  "samples; drop_last=True cuts every rank down to n // world_size.")
     passed("every rank's share, the padding and the dropped samples match DistributedSampler.")

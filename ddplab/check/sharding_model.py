@@ -17,7 +17,10 @@
 
 The expected answers are computed independently of the student's code: the
 byte counts from the stage definitions, the layers' outputs by
-``torch.nn.functional.linear`` on the whole weight.
+``torch.nn.functional.linear`` on the whole weight, here in the checker. The
+layers are drawn for each check from a seed no rank sees, and each rank is
+sent only its shards (``Lab.run_each``): the whole weight a rank can know only
+by communicating.
 """
 
 from __future__ import annotations
@@ -39,13 +42,12 @@ from ._core import (
 __all__ = ["column_parallel", "row_parallel", "shard_model", "zero_bytes"]
 
 _TIMEOUT = 60.0
+_HINT = "every rank must make the same collective calls, in the same order."
 
 
 def _on_ranks(what: str, lab: Any, fn: Callable, *args: Any) -> list[Any]:
     """Run ``fn`` on every rank; a student's exception or deadlock becomes an AssertionError."""
-    return run_student_code(what, fn, *args, lab=lab, timeout=_TIMEOUT,
-                            hint="every rank must make the same collective calls, in the same "
-                                 "order.")
+    return run_student_code(what, fn, *args, lab=lab, timeout=_TIMEOUT, hint=_HINT)
 
 
 # ----------------------------------------------------------------- zero_bytes
@@ -188,7 +190,7 @@ def shard_model(lab: Any = None, seed: int = 0) -> None:
 
 # ---------------------------------------------------------- tensor parallelism
 def _layer(out_features: int, in_features: int, seed: int) -> tuple[Any, Any, Any]:
-    """A Linear's full weight, bias and an input batch, the same on every rank (float64)."""
+    """A Linear's full weight, bias and an input batch (float64), made by the checker from ``seed``."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -198,19 +200,19 @@ def _layer(out_features: int, in_features: int, seed: int) -> tuple[Any, Any, An
     return weight, bias, x
 
 
-def _call_parallel(student: Callable, kind: str, out_features: int, in_features: int,
-                   seed: int) -> Any:
-    """On a rank: call the student's layer with this rank's shard; return what it gave."""
-    import torch
-    import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    weight, bias, x = _layer(out_features, in_features, seed)
+def _shards(kind: str, rank: int, world: int, weight: Any, bias: Any, x: Any) -> tuple[Any, Any, Any]:
+    """What rank ``rank`` is given: ``(x, weight_shard, bias_shard)`` or ``(x_shard, weight_shard, bias)``."""
     if kind == "column":      # this rank's output features: rows of the weight, entries of the bias
-        y = student(x, weight.chunk(world, dim=0)[rank].clone(), bias.chunk(world)[rank].clone())
-    else:                     # this rank's input features: columns of x and of the weight
-        y = student(x.chunk(world, dim=1)[rank].clone(), weight.chunk(world, dim=1)[rank].clone(),
-                    bias.clone())
+        return x.clone(), weight.chunk(world, dim=0)[rank].clone(), bias.chunk(world)[rank].clone()
+    # this rank's input features: columns of x and of the weight
+    return x.chunk(world, dim=1)[rank].clone(), weight.chunk(world, dim=1)[rank].clone(), bias.clone()
+
+
+def _call_parallel(student: Callable, *given: Any) -> Any:
+    """On a rank: call the student's layer with this rank's shards, sent to it alone; what it gave."""
+    import torch
+
+    y = student(*given)
     if hasattr(y, "full_tensor"):
         y = y.full_tensor()
     return y.detach().clone() if isinstance(y, torch.Tensor) else y
@@ -218,6 +220,8 @@ def _call_parallel(student: Callable, kind: str, out_features: int, in_features:
 
 def _check_parallel(name: str, fn: Callable, kind: str, lab: Any, hint: str) -> None:
     __tracebackhide__ = True
+    import secrets
+
     import torch.nn.functional as F
 
     if not callable(fn):
@@ -225,10 +229,13 @@ def _check_parallel(name: str, fn: Callable, kind: str, lab: Any, hint: str) -> 
     lab = lab_or_current(lab)
     n = lab.world_size
     args = "x, weight_shard, bias_shard" if kind == "column" else "x_shard, weight_shard, bias"
-    for out_features, in_features, seed in [(4 * n, 2 * n, 1), (2 * n, 4 * n, 2), (n, 2 * n, 3)]:
-        got = _on_ranks(f"{name}({args})", lab, _call_parallel, fn, kind, out_features,
-                        in_features, seed)
-        weight, bias, x = _layer(out_features, in_features, seed)
+    for out_features, in_features in [(4 * n, 2 * n), (2 * n, 4 * n), (n, 2 * n)]:
+        # Drawn now, from a seed no rank sees; each rank is sent only its shards (Lab.run_each).
+        weight, bias, x = _layer(out_features, in_features, secrets.randbits(40))
+        got = run_student_code(f"{name}({args})", _call_parallel, fn, lab=lab, timeout=_TIMEOUT,
+                               hint=_HINT, each={rank: _shards(kind, rank, n, weight, bias, x)
+                                                 for rank in range(n)})
+        got = [got[rank] for rank in range(n)]
         expected = F.linear(x, weight, bias)
         compare(f"{name}({args}) of a Linear({in_features}, {out_features}) on a batch of 3",
                 [expected] * n, got, atol=1e-9, hint=hint)

@@ -173,12 +173,30 @@ def epoch_loader(lab: Any = None) -> None:
 
 
 # ------------------------------------------------------------ global_accuracy
-def _call_accuracy(student, correct: list[int], total: list[int]) -> Any:
-    import torch.distributed as dist
-
-    rank = dist.get_rank()
-    answer = student(correct[rank], total[rank])
+def _call_accuracy(student, correct: int, total: int) -> Any:
+    """On a rank: the student's answer for this rank's counts, sent to this rank alone."""
+    answer = student(correct, total)
     return float(answer.item() if hasattr(answer, "item") else answer)
+
+
+def _counts(n: int) -> list[tuple[list[int], list[int]]]:
+    """Two trials of (correct, total) per rank, drawn now from a seed no rank sees.
+
+    First: every rank a different number of samples, and accuracies whose mean
+    is not the accuracy of all samples (the mistake it must catch). Then one
+    rank with hits and the others with none, as the last shards of a test set.
+    """
+    import random
+    import secrets
+
+    draw = random.Random(secrets.randbits(62))
+    while True:                        # until the mean of the accuracies is not the answer
+        total = [10 * (r + 1) + draw.randint(0, 9) for r in range(n)]
+        correct = [draw.randint(1, t - 1) for t in total]
+        if abs(sum(c / t for c, t in zip(correct, total)) / n - sum(correct) / sum(total)) > 1e-3:
+            break
+    hits = draw.randint(1, 8)
+    return [(correct, total), ([hits] + [0] * (n - 1), [8] * n)]
 
 
 def global_accuracy(lab: Any = None) -> None:
@@ -187,9 +205,12 @@ def global_accuracy(lab: Any = None) -> None:
     n = lab.world_size
     # Ranks see different numbers of samples, as the last shard of a real test
     # set can: then the mean of the ranks' accuracies is not the accuracy.
-    for correct, total in [([3 * r + 5 for r in range(n)], [10 * (r + 1) for r in range(n)]),
-                           ([7] + [0] * (n - 1), [8] * n)]:
-        got = _student("global_accuracy", lab, _call_accuracy, correct, total)
+    for correct, total in _counts(n):
+        warm_up_ddp(lab)
+        got = run_student_function("global_accuracy", _call_accuracy, lab=lab, timeout=_TIMEOUT,
+                                   hint="every rank must make the same collective calls, a barrier "
+                                        "included.",
+                                   each={r: (correct[r], total[r]) for r in range(n)})
         expected = sum(correct) / sum(total)
         given = ", ".join(f"({c}, {t}) on rank {r}" for r, (c, t) in enumerate(zip(correct, total)))
         compare(f"global_accuracy(correct, total) with {given}", [expected] * n, got, atol=1e-9,
