@@ -351,3 +351,44 @@ def test_commands_must_be_a_list_of_lines():
     with pytest.raises(TypeError, match=r"commands must be a list of pdb command lines.*"
                                         r"commands=\['p x'\]"):
         ddplab.breakpoint(commands="p x")
+
+
+def test_n_into_a_barrier_no_other_rank_reaches_ends_with_the_hang_report_at_the_timeout(k):
+    # Issue 42: the cell never ended (the whole wait counted as the user's), and the live
+    # area said "in the debugger" while the rank was blocked in the barrier.
+    began = time.monotonic()
+    seen = run(k, "%%rank 0 --pdb --timeout 3\nx = 1\ndist.barrier()\nprint('never')\n", ["n", "n"],
+               limit=60)
+    took = time.monotonic() - began
+    assert seen.error.startswith("HangError"), seen.error
+    assert "did not finish within timeout=3 s" in seen.error, seen.error
+    assert "rank 0: still in barrier (cell line 2)" in seen.error, seen.error
+    assert any(re.search(r"^\[rank 0\] \(blocked in barrier, cell line 2\)", s)
+               for s in seen.statuses), seen.statuses
+    assert took < 3 * 8, took                        # the timeout, plus the report's own seconds
+    assert "never" not in seen.stdout
+    ok(k, "lab.restart()")
+
+
+def test_builtin_breakpoint_and_pdb_set_trace_are_the_ranks_debugger(k):
+    seen = run(k, "%%rank 1\nx = 5\nbreakpoint()\ny = x + 1\nimport pdb\npdb.set_trace()\n"
+                  "print('y', y)\n", ["p x", "c", "p y", "c"])
+    assert not seen.error, seen.error                # not "you quit the debugger (q)"
+    assert seen.prompts == ["(Pdb rank 1) "] * 4
+    assert "-> y = x + 1" in seen.stdout and "\n5\n" in seen.stdout
+    assert "-> print('y', y)" in seen.stdout and "\n6\n" in seen.stdout
+    assert seen.stdout.endswith("[rank 1]\ny 6\n"), seen.stdout
+
+
+def test_in_a_function_given_to_lab_run_l_shows_its_source_and_where_only_the_users_frames(k):
+    ok(k, "def grow(a):\n    b = a + 1\n    ddplab.breakpoint(rank=1)\n    return b * 2\n")
+    seen = run(k, "print(lab.run(grow, 3))", ["l", "where", "interact", "c"])
+    assert not seen.error, seen.error
+    # l: the function's cell, from the kernel's linecache (was a bare [EOF]).
+    assert ("  1  \tdef grow(a):\n  2  \t    b = a + 1\n  3  \t    ddplab.breakpoint(rank=1)\n"
+            "  4  ->\t    return b * 2\n[EOF]") in seen.stdout, seen.stdout
+    # where: the function's frame alone, not ~30 of ipyparallel's and ddplab's.
+    stack = seen.stdout.split("[EOF]\n")[1].split("ddplab: interact")[0]
+    assert re.fullmatch(r"> \S+\(4\)grow\(\)\n-> return b \* 2\n", stack), stack
+    assert "ddplab: interact is not available on a rank" in seen.stdout
+    assert seen.stdout.endswith("[8, 8]\n"), seen.stdout
