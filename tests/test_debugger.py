@@ -392,3 +392,97 @@ def test_in_a_function_given_to_lab_run_l_shows_its_source_and_where_only_the_us
     assert re.fullmatch(r"> \S+\(4\)grow\(\)\n-> return b \* 2\n", stack), stack
     assert "ddplab: interact is not available on a rank" in seen.stdout
     assert seen.stdout.endswith("[8, 8]\n"), seen.stdout
+
+
+WORK = "def scale(n):\n    secret = n * 7\n    return secret + 1\n"
+DEBUGPY_CELL = """%%ranks --debugpy 1
+import sys
+sys.path.insert(0, {folder!r})
+import dbgwork
+v = dbgwork.scale(rank + 5)
+dist.barrier()
+print('v', v)
+"""
+
+
+def test_vscode_attaches_to_rank_1_through_debugpy_and_nothing_listens_afterwards(k, tmp_path):
+    # Issue 44: a real DAP client (what VS Code speaks) over the port ddplab reports.
+    import json
+    import socket
+
+    from dapclient import DapClient
+
+    (tmp_path / "dbgwork.py").write_text(WORK)
+    ok(k, f"import os\n_here = os.getcwd()\nos.chdir({str(tmp_path)!r})")   # launch.json goes here
+    msg_id = k.execute(DEBUGPY_CELL.format(folder=str(tmp_path)))
+    seen = Run()
+
+    def take(limit: float, until) -> bool:
+        """Read iopub for the cell until ``until()``; True if the cell ended."""
+        deadline = time.monotonic() + limit
+        while not until():
+            assert time.monotonic() < deadline, (seen.stdout, seen.statuses, seen.error)
+            try:
+                msg = k.get_iopub_msg(timeout=0.1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                seen.stdout += content["text"]
+            elif kind in ("display_data", "update_display_data"):
+                seen.statuses.append(content["data"].get("text/plain", ""))
+            elif kind == "error":
+                seen.error = f"{content['ename']}: {content['evalue']}"
+            elif kind == "status" and content["execution_state"] == "idle":
+                return True
+        return False
+
+    take(60, lambda: re.search(r"on 127\.0\.0\.1:(\d+)\n", seen.stdout) or seen.error)
+    assert not seen.error, seen.error
+    port = int(re.search(r"ddplab: rank 1 waits for VS Code on 127\.0\.0\.1:(\d+)\n", seen.stdout)[1])
+    assert "Run and Debug > 'ddplab: attach to ranks'" in seen.stdout, seen.stdout
+    launch = json.loads((tmp_path / ".vscode" / "launch.json").read_text())
+    assert launch["compounds"] == [{"name": "ddplab: attach to ranks",
+                                    "configurations": ["ddplab: rank 1"]}]
+    assert launch["configurations"][0]["connect"] == {"host": "127.0.0.1", "port": port}
+
+    dap = DapClient("127.0.0.1", port)
+    try:
+        dap.request("initialize", adapterID="debugpy", clientID="ddplab-test", linesStartAt1=True,
+                    columnsStartAt1=True, pathFormat="path")
+        attach = dap.send("attach", justMyCode=False)
+        placed = dap.request("setBreakpoints", source={"path": str(tmp_path / "dbgwork.py")},
+                             breakpoints=[{"line": 3}])
+        assert placed["breakpoints"][0]["verified"], placed
+        dap.request("configurationDone")
+        dap.response(attach)
+        stopped = dap.wait_event("stopped")
+        assert stopped["reason"] == "breakpoint", stopped
+        top = dap.request("stackTrace", threadId=stopped["threadId"])["stackFrames"][0]
+        assert (top["name"], top["line"]) == ("scale", 3), top
+        scope = dap.request("scopes", frameId=top["id"])["scopes"][0]
+        names = {v["name"]: v["value"] for v in
+                 dap.request("variables", variablesReference=scope["variablesReference"])["variables"]}
+        assert names["secret"] == "42" and names["n"] == "6", names        # rank 1: n = 1 + 5
+        # Meanwhile rank 0 waits for rank 1 in the barrier, and the live status says so.
+        take(20, lambda: any(s.startswith("[rank 0] (blocked in barrier, cell line 5)")
+                             for s in seen.statuses))
+        dap.request("continue", threadId=stopped["threadId"])
+        assert take(60, lambda: False), seen.stdout
+    finally:
+        dap.close()
+    assert not seen.error, seen.error
+    assert seen.stdout.endswith("[rank 0]\nv 36\n[rank 1]\nv 43\n"), seen.stdout
+    with socket.socket() as probe:                   # nothing listens afterwards
+        assert probe.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still listens"
+    assert ok(k, "import glob\nprint(glob.glob(os.path.join(lab.engines.directory, 'debugpy*')))\n"
+                 "os.chdir(_here)") == "[]\n"
+    assert ok(k, "%%ranks\ndist.barrier()\nprint(rank)") == "[rank 0]\n0\n[rank 1]\n1\n"
+    # debugpy starts once per process: a second session on rank 1 says how to recover.
+    seen = run(k, "%%rank 1 --debugpy\nprint(1)\n")
+    assert "debugpy already ran on this rank" in seen.error and "lab.restart()" in seen.error, seen
+    seen = run(k, "%%ranks --debugpy 7\nprint(1)\n")           # a bad rank number
+    assert seen.error.startswith("ConfigError: ddplab: %%ranks --debugpy 7 names rank 7"), seen.error
+    ok(k, "lab.restart()")
