@@ -407,10 +407,8 @@ print('v', v)
 
 def test_vscode_attaches_to_rank_1_through_debugpy_and_nothing_listens_afterwards(k, tmp_path):
     # Issue 44: a real DAP client (what VS Code speaks) over the port ddplab reports.
-    import json
     import socket
 
-    from dapclient import DapClient
 
     (tmp_path / "dbgwork.py").write_text(WORK)
     ok(k, f"import os\n_here = os.getcwd()\nos.chdir({str(tmp_path)!r})")   # launch.json goes here
@@ -439,15 +437,49 @@ def test_vscode_attaches_to_rank_1_through_debugpy_and_nothing_listens_afterward
                 return True
         return False
 
+    try:
+        _drive_vscode_session(k, tmp_path, seen, take)
+    except BaseException:
+        k.interrupt()                                # the cell must not wait for a client forever
+        take(60, lambda: False)
+        raise
+    with socket.socket() as probe:                   # nothing listens afterwards
+        assert probe.connect_ex(("127.0.0.1", seen.port)) != 0, f"port {seen.port} still listens"
+    assert ok(k, "import glob\nprint(glob.glob(os.path.join(lab.engines.directory, 'debugpy*')))\n"
+                 "os.chdir(_here)") == "[]\n"
+    assert ok(k, "%%ranks\ndist.barrier()\nprint(rank)") == "[rank 0]\n0\n[rank 1]\n1\n"
+    # debugpy starts once per process: a second session on rank 1 says how to recover.
+    seen = run(k, "%%rank 1 --debugpy\nprint(1)\n")
+    assert "debugpy already ran on this rank" in seen.error and "lab.restart()" in seen.error, seen
+    seen = run(k, "%%ranks --debugpy 7\nprint(1)\n")           # a bad rank number
+    assert seen.error.startswith("ConfigError: ddplab: %%ranks --debugpy 7 names rank 7"), seen.error
+    ok(k, "lab.restart()")
+
+
+def _drive_vscode_session(k, tmp_path, seen, take) -> None:
+    """Attach to rank 1 as VS Code would, stop at the breakpoint, read locals, continue."""
+    import json
+    import subprocess
+
+    from dapclient import DapClient
+
     take(60, lambda: re.search(r"on 127\.0\.0\.1:(\d+)\n", seen.stdout) or seen.error)
     assert not seen.error, seen.error
-    port = int(re.search(r"ddplab: rank 1 waits for VS Code on 127\.0\.0\.1:(\d+)\n", seen.stdout)[1])
+    port = seen.port = int(re.search(r"ddplab: rank 1 waits for VS Code on 127\.0\.0\.1:(\d+)\n",
+                                     seen.stdout)[1])
     assert "Run and Debug > 'ddplab: attach to ranks'" in seen.stdout, seen.stdout
     launch = json.loads((tmp_path / ".vscode" / "launch.json").read_text())
     assert launch["compounds"] == [{"name": "ddplab: attach to ranks",
                                     "configurations": ["ddplab: rank 1"]}]
     assert launch["configurations"][0]["connect"] == {"host": "127.0.0.1", "port": port}
 
+    # Another user of the machine is refused: the connection closes before any DAP is read.
+    other = subprocess.run(
+        ["python3", "-c", "import socket\ns = socket.create_connection(('127.0.0.1', %d), timeout=20)\n"
+         "s.sendall(b'Content-Length: 2\\r\\n\\r\\n{}')\ntry:\n    print(repr(s.recv(100)))\n"
+         "except ConnectionResetError:\n    print('reset')" % port],
+        user=65534, capture_output=True, text=True, timeout=30)
+    assert other.stdout in ("b''\n", "reset\n"), (other.stdout, other.stderr)
     dap = DapClient("127.0.0.1", port)
     try:
         dap.request("initialize", adapterID="debugpy", clientID="ddplab-test", linesStartAt1=True,
@@ -475,14 +507,3 @@ def test_vscode_attaches_to_rank_1_through_debugpy_and_nothing_listens_afterward
         dap.close()
     assert not seen.error, seen.error
     assert seen.stdout.endswith("[rank 0]\nv 36\n[rank 1]\nv 43\n"), seen.stdout
-    with socket.socket() as probe:                   # nothing listens afterwards
-        assert probe.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still listens"
-    assert ok(k, "import glob\nprint(glob.glob(os.path.join(lab.engines.directory, 'debugpy*')))\n"
-                 "os.chdir(_here)") == "[]\n"
-    assert ok(k, "%%ranks\ndist.barrier()\nprint(rank)") == "[rank 0]\n0\n[rank 1]\n1\n"
-    # debugpy starts once per process: a second session on rank 1 says how to recover.
-    seen = run(k, "%%rank 1 --debugpy\nprint(1)\n")
-    assert "debugpy already ran on this rank" in seen.error and "lab.restart()" in seen.error, seen
-    seen = run(k, "%%ranks --debugpy 7\nprint(1)\n")           # a bad rank number
-    assert seen.error.startswith("ConfigError: ddplab: %%ranks --debugpy 7 names rank 7"), seen.error
-    ok(k, "lab.restart()")

@@ -23,6 +23,9 @@ kernel gives each one a port VS Code can reach::
   timeout (a rank may stop at a breakpoint for minutes) unless one is given;
   a rank waiting for the stopped one in a collective shows ``blocked in
   barrier`` in the live status, as with ``ddplab.breakpoint()``.
+- **This user only.** 127.0.0.1 is every local user's, and a debugger runs
+  any code in the rank: the forwarder takes a connection only from a
+  process of the kernel's own user (``mine``: its uid in ``/proc/net/tcp``).
 - **Afterwards nothing listens.** Leaving closes the forwarders and the
   ranks' Unix sockets, and stops debugpy's tracing on the ranks. debugpy
   starts once per process, so a second session on the same rank asks for
@@ -63,6 +66,11 @@ class Forwarder:
                 front, _ = self.server.accept()
             except OSError:
                 return                     # close(): the session is over
+            if not mine(front):
+                display.say(f"ddplab: refused a debugger connection to port {self.port} from "
+                            f"another user of this machine.")
+                front.close()
+                continue
             back = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 back.connect(self.path)
@@ -88,6 +96,30 @@ class Forwarder:
                 link.close()
             except OSError:
                 log.debug("closing a forwarded connection", exc_info=True)
+
+
+def mine(connection: socket.socket) -> bool:
+    """Whether the loopback client at the other end of ``connection`` runs as this user.
+
+    127.0.0.1 is shared by every user of the machine, and a debugger runs any
+    code it likes in the rank. Linux lists each TCP socket with its owner's
+    uid in ``/proc/net/tcp``: the client's socket is the one whose local
+    address is the connection's peer. Where that cannot be read, refuse.
+    """
+    def hex_address(address: tuple) -> str:
+        host, port = address[:2]
+        return socket.inet_aton(host)[::-1].hex().upper() + f":{port:04X}"
+
+    try:
+        client, server = hex_address(connection.getpeername()), hex_address(connection.getsockname())
+        with open("/proc/net/tcp", encoding="ascii") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[1] == client and fields[2] == server:
+                    return int(fields[7]) == os.getuid()
+    except (OSError, ValueError, IndexError):
+        log.debug("could not tell who connected", exc_info=True)
+    return False
 
 
 def write_launch_json(folder: str, ports: dict[int, int]) -> str:
