@@ -351,3 +351,159 @@ def test_commands_must_be_a_list_of_lines():
     with pytest.raises(TypeError, match=r"commands must be a list of pdb command lines.*"
                                         r"commands=\['p x'\]"):
         ddplab.breakpoint(commands="p x")
+
+
+def test_n_into_a_barrier_no_other_rank_reaches_ends_with_the_hang_report_at_the_timeout(k):
+    # Issue 42: the cell never ended (the whole wait counted as the user's), and the live
+    # area said "in the debugger" while the rank was blocked in the barrier.
+    began = time.monotonic()
+    seen = run(k, "%%rank 0 --pdb --timeout 3\nx = 1\ndist.barrier()\nprint('never')\n", ["n", "n"],
+               limit=60)
+    took = time.monotonic() - began
+    assert seen.error.startswith("HangError"), seen.error
+    assert "did not finish within timeout=3 s" in seen.error, seen.error
+    assert "rank 0: still in barrier (cell line 2)" in seen.error, seen.error
+    assert any(re.search(r"^\[rank 0\] \(blocked in barrier, cell line 2\)", s)
+               for s in seen.statuses), seen.statuses
+    assert took < 3 * 8, took                        # the timeout, plus the report's own seconds
+    assert "never" not in seen.stdout
+    ok(k, "lab.restart()")
+
+
+def test_builtin_breakpoint_and_pdb_set_trace_are_the_ranks_debugger(k):
+    seen = run(k, "%%rank 1\nx = 5\nbreakpoint()\ny = x + 1\nimport pdb\npdb.set_trace()\n"
+                  "print('y', y)\n", ["p x", "c", "p y", "c"])
+    assert not seen.error, seen.error                # not "you quit the debugger (q)"
+    assert seen.prompts == ["(Pdb rank 1) "] * 4
+    assert "-> y = x + 1" in seen.stdout and "\n5\n" in seen.stdout
+    assert "-> print('y', y)" in seen.stdout and "\n6\n" in seen.stdout
+    assert seen.stdout.endswith("[rank 1]\ny 6\n"), seen.stdout
+
+
+def test_in_a_function_given_to_lab_run_l_shows_its_source_and_where_only_the_users_frames(k):
+    ok(k, "def grow(a):\n    b = a + 1\n    ddplab.breakpoint(rank=1)\n    return b * 2\n")
+    seen = run(k, "print(lab.run(grow, 3))", ["l", "where", "interact", "c"])
+    assert not seen.error, seen.error
+    # l: the function's cell, from the kernel's linecache (was a bare [EOF]).
+    assert ("  1  \tdef grow(a):\n  2  \t    b = a + 1\n  3  \t    ddplab.breakpoint(rank=1)\n"
+            "  4  ->\t    return b * 2\n[EOF]") in seen.stdout, seen.stdout
+    # where: the function's frame alone, not ~30 of ipyparallel's and ddplab's.
+    stack = seen.stdout.split("[EOF]\n")[1].split("ddplab: interact")[0]
+    assert re.fullmatch(r"> \S+\(4\)grow\(\)\n-> return b \* 2\n", stack), stack
+    assert "ddplab: interact is not available on a rank" in seen.stdout
+    assert seen.stdout.endswith("[8, 8]\n"), seen.stdout
+
+
+WORK = "def scale(n):\n    secret = n * 7\n    return secret + 1\n"
+DEBUGPY_CELL = """%%ranks --debugpy 1
+import sys
+sys.path.insert(0, {folder!r})
+import dbgwork
+v = dbgwork.scale(rank + 5)
+dist.barrier()
+print('v', v)
+"""
+
+
+def test_vscode_attaches_to_rank_1_through_debugpy_and_nothing_listens_afterwards(k, tmp_path):
+    # Issue 44: a real DAP client (what VS Code speaks) over the port ddplab reports.
+    import socket
+
+
+    (tmp_path / "dbgwork.py").write_text(WORK)
+    ok(k, f"import os\n_here = os.getcwd()\nos.chdir({str(tmp_path)!r})")   # launch.json goes here
+    msg_id = k.execute(DEBUGPY_CELL.format(folder=str(tmp_path)))
+    seen = Run()
+
+    def take(limit: float, until) -> bool:
+        """Read iopub for the cell until ``until()``; True if the cell ended."""
+        deadline = time.monotonic() + limit
+        while not until():
+            assert time.monotonic() < deadline, (seen.stdout, seen.statuses, seen.error)
+            try:
+                msg = k.get_iopub_msg(timeout=0.1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                seen.stdout += content["text"]
+            elif kind in ("display_data", "update_display_data"):
+                seen.statuses.append(content["data"].get("text/plain", ""))
+            elif kind == "error":
+                seen.error = f"{content['ename']}: {content['evalue']}"
+            elif kind == "status" and content["execution_state"] == "idle":
+                return True
+        return False
+
+    try:
+        _drive_vscode_session(k, tmp_path, seen, take)
+    except BaseException:
+        k.interrupt()                                # the cell must not wait for a client forever
+        take(60, lambda: False)
+        raise
+    with socket.socket() as probe:                   # nothing listens afterwards
+        assert probe.connect_ex(("127.0.0.1", seen.port)) != 0, f"port {seen.port} still listens"
+    assert ok(k, "import glob\nprint(glob.glob(os.path.join(lab.engines.directory, 'debugpy*')))\n"
+                 "os.chdir(_here)") == "[]\n"
+    assert ok(k, "%%ranks\ndist.barrier()\nprint(rank)") == "[rank 0]\n0\n[rank 1]\n1\n"
+    # debugpy starts once per process: a second session on rank 1 says how to recover.
+    seen = run(k, "%%rank 1 --debugpy\nprint(1)\n")
+    assert "debugpy already ran on this rank" in seen.error and "lab.restart()" in seen.error, seen
+    seen = run(k, "%%ranks --debugpy 7\nprint(1)\n")           # a bad rank number
+    assert seen.error.startswith("ConfigError: ddplab: %%ranks --debugpy 7 names rank 7"), seen.error
+    ok(k, "lab.restart()")
+
+
+def _drive_vscode_session(k, tmp_path, seen, take) -> None:
+    """Attach to rank 1 as VS Code would, stop at the breakpoint, read locals, continue."""
+    import json
+    import subprocess
+
+    from dapclient import DapClient
+
+    take(60, lambda: re.search(r"on 127\.0\.0\.1:(\d+)\n", seen.stdout) or seen.error)
+    assert not seen.error, seen.error
+    port = seen.port = int(re.search(r"ddplab: rank 1 waits for VS Code on 127\.0\.0\.1:(\d+)\n",
+                                     seen.stdout)[1])
+    assert "Run and Debug > 'ddplab: attach to ranks'" in seen.stdout, seen.stdout
+    launch = json.loads((tmp_path / ".vscode" / "launch.json").read_text())
+    assert launch["compounds"] == [{"name": "ddplab: attach to ranks",
+                                    "configurations": ["ddplab: rank 1"]}]
+    assert launch["configurations"][0]["connect"] == {"host": "127.0.0.1", "port": port}
+
+    # Another user of the machine is refused: the connection closes before any DAP is read.
+    other = subprocess.run(
+        ["python3", "-c", "import socket\ns = socket.create_connection(('127.0.0.1', %d), timeout=20)\n"
+         "s.sendall(b'Content-Length: 2\\r\\n\\r\\n{}')\ntry:\n    print(repr(s.recv(100)))\n"
+         "except ConnectionResetError:\n    print('reset')" % port],
+        user=65534, capture_output=True, text=True, timeout=30)
+    assert other.stdout in ("b''\n", "reset\n"), (other.stdout, other.stderr)
+    dap = DapClient("127.0.0.1", port)
+    try:
+        dap.request("initialize", adapterID="debugpy", clientID="ddplab-test", linesStartAt1=True,
+                    columnsStartAt1=True, pathFormat="path")
+        attach = dap.send("attach", justMyCode=False)
+        placed = dap.request("setBreakpoints", source={"path": str(tmp_path / "dbgwork.py")},
+                             breakpoints=[{"line": 3}])
+        assert placed["breakpoints"][0]["verified"], placed
+        dap.request("configurationDone")
+        dap.response(attach)
+        stopped = dap.wait_event("stopped")
+        assert stopped["reason"] == "breakpoint", stopped
+        top = dap.request("stackTrace", threadId=stopped["threadId"])["stackFrames"][0]
+        assert (top["name"], top["line"]) == ("scale", 3), top
+        scope = dap.request("scopes", frameId=top["id"])["scopes"][0]
+        names = {v["name"]: v["value"] for v in
+                 dap.request("variables", variablesReference=scope["variablesReference"])["variables"]}
+        assert names["secret"] == "42" and names["n"] == "6", names        # rank 1: n = 1 + 5
+        # Meanwhile rank 0 waits for rank 1 in the barrier, and the live status says so.
+        take(20, lambda: any(s.startswith("[rank 0] (blocked in barrier, cell line 5)")
+                             for s in seen.statuses))
+        dap.request("continue", threadId=stopped["threadId"])
+        assert take(60, lambda: False), seen.stdout
+    finally:
+        dap.close()
+    assert not seen.error, seen.error
+    assert seen.stdout.endswith("[rank 0]\nv 36\n[rank 1]\nv 43\n"), seen.stdout

@@ -194,7 +194,6 @@ class Calls:
         board = bars.ProgressBars()              # live bars, once a rank calls progress.report
         areas = live.Board()                     # live output, once a rank prints
         prompts = debugger.Prompter(self.engines.directory)   # a rank's pdb prompts, if any
-        mark = time.monotonic()
         try:
             while True:
                 for task in tasks:
@@ -202,11 +201,13 @@ class Calls:
                         task.outcome = self._outcome(task)
                 board.update({t.rank: t.result for t in tasks})
                 areas.update(tasks, prompts.notes())
-                if prompts.serve(tasks, areas):
-                    # A rank is in the debugger: the user's time, not the cell's.
-                    deadline += time.monotonic() - mark
-                    failed_at = None if failed_at is None else failed_at + time.monotonic() - mark
-                mark = time.monotonic()
+                thought = prompts.thinking
+                prompts.serve(tasks, areas)
+                # Time at a debugger prompt is the user's, not the cell's; a rank's
+                # time after the line is sent (n into a barrier) counts again.
+                thought = prompts.thinking - thought
+                deadline += thought
+                failed_at = None if failed_at is None else failed_at + thought
                 undone = [t for t in tasks if t.outcome is None]
                 if not undone:
                     return "done"

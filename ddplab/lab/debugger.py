@@ -18,8 +18,13 @@ directory.
   status keeps updating (from a side thread while ``input()`` blocks):
   that rank reads ``in the debugger``, a rank waiting for it in a collective
   ``blocked in barrier, cell line 6``.
-- **The lab's timeout does not run** while a session is open: ``Calls``
-  moves its deadline on by the time spent (``serve`` says when).
+- **The timeout holds, less the user's thinking time.** Only the seconds
+  a rank waits at a prompt (from its request to the answer: the user
+  thinking at ``input()``) are the user's (``thinking``): ``Calls`` moves
+  its deadline on by those. Once a line is sent, the rank's time counts
+  again, so ``n`` over a ``dist.barrier()`` that another rank never reaches
+  ends the cell with the hang report at ``--timeout``, as it would without the debugger. The live status then
+  shows that rank ``blocked in barrier``, not ``in the debugger``.
 - **Commands given up front** (``ddplab.breakpoint(commands=[...])``) answer
   the first prompts: each is shown after its prompt, as if typed, and sent
   back without asking, input box or not.
@@ -36,6 +41,7 @@ import json
 import logging
 import os
 import threading
+import time
 from typing import Any, Iterator
 
 from ..errors import DdplabError
@@ -70,6 +76,7 @@ class Prompter:
         self._no_stdin = False
         self._fresh = False            # the open session has not shown its first prompt yet
         self.broken = ""               # why the lab needs a restart, after a prompt not answered
+        self.thinking = 0.0            # seconds spent waiting for the user's lines, in all
 
     @property
     def open(self) -> bool:
@@ -77,8 +84,15 @@ class Prompter:
         return self.current is not None
 
     def notes(self) -> dict[int, str]:
-        """Live-status words for the rank in the debugger, by rank."""
-        return {} if self.current is None else {self.current.rank: AT_PROMPT}
+        """Live-status words for the rank in the debugger, by rank.
+
+        None once its ``n`` took it into a collective: the rank's own status,
+        ``blocked in barrier, cell line 6``, says more than "in the debugger".
+        """
+        task = self.current
+        if task is None or (not self._new(task) and live.reported(task.result).startswith("blocked")):
+            return {}
+        return {task.rank: AT_PROMPT}
 
     def serve(self, tasks: list[Any], board: Any) -> bool:
         """Answer the open session's prompt, if one is waiting. True while a session is open."""
@@ -167,6 +181,11 @@ class Prompter:
         return "c"
 
     def _answer(self, asked: dict, line: str | None) -> None:
+        # The rank waited at this prompt since it asked (the clock of this machine:
+        # the debugger serves labs on this machine only): the user's time.
+        since = asked.get("since")
+        if isinstance(since, (int, float)):
+            self.thinking += min(max(0.0, time.time() - since), 86400.0)
         path = str(asked.get("answer", ""))
         if not _reachable(os.path.dirname(path), self.directory):
             self.broken = "a rank waits at a debugger prompt this kernel cannot answer."

@@ -15,8 +15,9 @@ stop, the exit handler) and returns results by rank.
 from __future__ import annotations
 
 import atexit
+import contextlib
 from dataclasses import replace
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from ..env import check_timeout
 from ..errors import ConfigError
@@ -40,6 +41,7 @@ class Lab:
         self.spec = spec
         self._engines: Ranks = LocalRanks(spec, gpus) if engines is None else engines
         self._calls = Calls(self._engines, bare=spec.init_method is None)
+        self._attached = False         # inside lab.debugpy(): calls wait without the lab's timeout
 
     # ------------------------------------------------------------- state
     @property
@@ -247,7 +249,9 @@ class Lab:
         self._calls.ensure_usable()
 
     def _timeout(self, timeout: float | None) -> float:
-        return self.spec.timeout if timeout is None else check_timeout(timeout)
+        if timeout is None:
+            return float("inf") if self._attached else self.spec.timeout
+        return check_timeout(timeout)
 
     @staticmethod
     def _limit(limit: float | None) -> float | None:
@@ -273,7 +277,7 @@ class Lab:
                               "torch.distributed (dist.get_rank(), dist.get_world_size()) instead.")
         owncode.send_as_it_is_now(fn)
         try:
-            tasks = self._calls.submit(chosen, engine.call, fn, args, kwargs)
+            tasks = self._calls.submit(chosen, engine.call, fn, args, kwargs, owncode.sources(fn))
         except Exception as e:        # pickle's errors are TypeError, AttributeError, PicklingError...
             if "pickle" not in str(e).lower():
                 raise
@@ -308,7 +312,8 @@ class Lab:
         from ipyparallel.serialize import serialize
         pickled = serialize.pickle.dumps((fn, common), serialize.PICKLE_PROTOCOL)
         tasks = [task for rank in chosen
-                 for task in self._calls.submit([rank], engine.call_pickled, pickled, tuple(own[rank]))]
+                 for task in self._calls.submit([rank], engine.call_pickled, pickled, tuple(own[rank]),
+                                                owncode.sources(fn))]
         self._calls.finish(tasks, timeout, grace=None)
         return {task.rank: task.outcome["value"] for task in tasks}
 
@@ -339,6 +344,28 @@ class Lab:
         if rank is not None:
             self.check_ranks(rank, f"lab.debug(rank={rank!r})")
         debugger.post_mortem(self._calls, rank, self._timeout(timeout))
+
+    @contextlib.contextmanager
+    def debugpy(self, ranks: Iterable[int] | int | None = None, folder: str = ".") -> Iterator[None]:
+        """VS Code attached to ``ranks``: ``with lab.debugpy(ranks=[1]): lab.run(fn)``.
+
+        The ranks listen with debugpy, reached on this machine's 127.0.0.1 only,
+        at the ports printed and written to ``folder/.vscode/launch.json``
+        (``ddplab: attach to ranks``). Entering waits until VS Code attached;
+        inside, calls wait without the lab's timeout; after, nothing listens.
+        ``%%rank 1 --debugpy`` is one cell in such a block.
+        ``ddplab.lab.debugpy_attach`` says how.
+        """
+        from .debugpy_attach import Session
+        chosen = self.check_ranks(ranks, f"lab.debugpy(ranks={ranks!r})")
+        self.ensure_usable()
+        with Session(self._calls, chosen, getattr(self._engines, "network_shared_because", None),
+                     folder):
+            self._attached = True
+            try:
+                yield
+            finally:
+                self._attached = False
 
     def trace(self, ranks: Iterable[int] | None = None, align: str = "auto") -> Any:
         """Record what the ranks' torch.distributed calls do: ``with lab.trace() as tr:``.

@@ -9,6 +9,8 @@ They load with ``ddplab.start(...)`` or ``%load_ext ddplab``. Options::
                                   # (with %%rank, --trace waits for the cell's end: no grace)
     %%rank 1 --pdb                # stop rank 1 in pdb at the cell's first line; its prompt,
                                   # (Pdb rank 1), opens in the notebook (no grace either)
+    %%rank 1 --debugpy            # rank 1 waits for VS Code to attach, then runs the cell
+    %%ranks --debugpy 1           # ... the same, the cell on every rank (lab.debugpy)
 
 and a line magic, ``%ddplab_debug [RANK]``: post-mortem pdb on the rank that
 raised the last ``RankError`` (``lab.debug()``), like IPython's ``%debug``.
@@ -41,6 +43,8 @@ def _parse(line: str, magic: str) -> tuple[list[int], dict]:
         word = words.pop(0)
         if word == "--pdb":
             options["pdb"] = True
+        elif word == "--debugpy":
+            options["debugpy"] = True
         elif word == "--trace":
             options["trace"] = True
             if words and words[0].isidentifier():
@@ -65,7 +69,8 @@ def _parse(line: str, magic: str) -> tuple[list[int], dict]:
             raise ConfigError(
                 f"ddplab: %%{magic} does not understand {word!r}. "
                 f"Use %%{magic}{' 0 1' if magic == 'rank' else ''} [--timeout SECONDS]"
-                f"{' [--grace SECONDS]' if magic == 'rank' else ''} [--trace [NAME]] [--pdb].")
+                f"{' [--grace SECONDS]' if magic == 'rank' else ''} [--trace [NAME]] [--pdb] "
+                f"[--debugpy{' [RANKS]' if magic == 'ranks' else ''}].")
     return ranks, options
 
 
@@ -77,11 +82,13 @@ class RankMagics(Magics):
     def ranks(self, line: str, cell: str) -> None:
         """Run this cell on every rank of the current lab."""
         ranks, options = _parse(line, "ranks")
-        if ranks:
+        if ranks and not options.get("debugpy"):
             raise ConfigError(f"ddplab: %%ranks runs on every rank and takes no rank numbers; "
                               f"use %%rank {' '.join(map(str, ranks))} to pick ranks.")
         lab = current()
-        with _traced(lab, options, None, self.shell):
+        if options.get("debugpy"):       # the ranks named are the ones VS Code attaches to
+            lab.check_ranks(ranks or None, spelled=f"%%ranks --debugpy {' '.join(map(str, ranks))}")
+        with _attached(lab, options, ranks or None), _traced(lab, options, None, self.shell):
             lab.run_cell(cell, timeout=options.get("timeout"), pdb=options.get("pdb", False))
 
     @cell_magic
@@ -94,9 +101,9 @@ class RankMagics(Magics):
                               "(or %%ranks for all of them).")
         lab.check_ranks(ranks, spelled=f"%%rank {' '.join(map(str, ranks))}")
         # A trace or a debugger session lasts until the cell ends: no grace.
-        waits = options.get("trace") or options.get("pdb")
+        waits = options.get("trace") or options.get("pdb") or options.get("debugpy")
         grace = None if waits else options.get("grace", lab.spec.grace)
-        with _traced(lab, options, ranks, self.shell):
+        with _attached(lab, options, ranks), _traced(lab, options, ranks, self.shell):
             lab.run_cell(cell, ranks=ranks, timeout=options.get("timeout"), grace=grace,
                          pdb=options.get("pdb", False))
 
@@ -112,6 +119,11 @@ class RankMagics(Magics):
         if rank is not None:
             lab.check_ranks([rank], spelled=f"%ddplab_debug {rank}")
         lab.debug(rank)
+
+
+def _attached(lab, options: dict, ranks):
+    """With ``--debugpy``: the cell inside ``lab.debugpy(ranks)`` (VS Code attached first)."""
+    return lab.debugpy(ranks) if options.get("debugpy") else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

@@ -82,6 +82,25 @@ def send_as_it_is_now(fn: Callable) -> None:
         log.debug("ddplab: %s goes by reference (%s)", module.__name__, e)
 
 
+def sources(fn: Callable) -> dict[str, list[str]]:
+    """The source lines of ``fn``'s file when only this kernel has them (a notebook cell).
+
+    A function defined in a cell names a file that exists only in the
+    kernel's ``linecache`` (``/tmp/ipykernel_.../123.py``): on a rank, pdb's
+    ``l`` would show ``[EOF]`` and tracebacks no lines. Sent along with the
+    call, the rank registers them (``engine.call``). Files on disk are read
+    there as here.
+    """
+    import linecache
+
+    code = getattr(fn, "__code__", None)
+    filename = getattr(code, "co_filename", "")
+    if not filename or os.path.exists(filename):
+        return {}
+    lines = linecache.getlines(filename)
+    return {filename: lines} if lines else {}
+
+
 def spawn(calls: Calls, fn: Callable, args: tuple, timeout: float,
           nprocs: int | None = None, join: bool = True, limit: float | None = None) -> list[Any]:
     """``fn(rank, *args)`` on every rank with the lab's group set aside; results by rank."""

@@ -31,6 +31,14 @@ cell). The file lives beside the rank's stack dumps, so it works on a lab on
 this machine; on a multi-host lab the kernel cannot reach the rank's folder
 and says so.
 
+``breakpoint()`` (the builtin) and ``pdb.set_trace()`` on a rank are this same
+debugger: ``settle`` points ``sys.breakpointhook`` and ``pdb.set_trace`` here,
+since the engine's own stdin is empty and plain pdb would read an end of file
+and quit at once. ``where``, ``u`` and ``d`` see only the user's frames (the
+engine's and ipyparallel's ~30 frames below a cell are hidden), and pdb's
+``interact`` is refused with a line saying what to do instead: its console
+would read the engine's stdin, which no one can type into.
+
 The debugger stops only in the user's code (``where.is_user_code``: rank cells
 and the user's own files), never in torch, ddplab or the engine's machinery:
 ``n`` off the end of a cell ends the session instead of wandering into
@@ -68,6 +76,19 @@ _state: dict[str, Any] = {"debugger": None, "seq": 0, "traceback": None, "rank":
 def settle(rank: int, folder: str) -> None:
     """This process is rank ``rank`` of a lab; answers come into ``folder`` (the engine calls this)."""
     _state["rank"], _state["folder"] = rank, folder
+    # The builtin breakpoint() and pdb.set_trace() would read the engine's empty stdin.
+    sys.breakpointhook = _builtin_breakpoint
+    pdb.set_trace = _set_trace
+
+
+def _builtin_breakpoint(*args: Any, **kwargs: Any) -> None:
+    """``breakpoint()`` on a rank: ``ddplab.breakpoint()`` at the caller's line."""
+    _stop(sys._getframe(1), None)
+
+
+def _set_trace(*, header: str | None = None) -> None:
+    """``pdb.set_trace()`` on a rank: ``ddplab.breakpoint()`` at the caller's line."""
+    _stop(sys._getframe(1), None, header)
 
 
 def settled_rank() -> int | None:
@@ -104,7 +125,8 @@ class Channel:
         prompt = self.prompt if text.endswith(self.prompt) else ""
         self.open = True
         request = {"seq": seq, "rank": self.rank, "text": text[:len(text) - len(prompt)],
-                   "prompt": prompt or self.prompt, "answer": self._answer_path}
+                   "prompt": prompt or self.prompt, "answer": self._answer_path,
+                   "since": time.time()}      # the kernel counts the wait as the user's
         if self.commands:
             request["given"] = self.commands.pop(0)
         self._publish({REQUEST_KEY: request})
@@ -168,6 +190,23 @@ class Debugger(pdb.Pdb):
             return
         super().user_return(frame, return_value)
 
+    def get_stack(self, f: FrameType | None, t: Any) -> tuple[list, int]:
+        """pdb's stack, less the frames that are not the user's (``where``, ``u``, ``d``).
+
+        The frame pdb is at stays, even in a library (a post-mortem of an
+        error raised inside torch), so ``l`` and ``p`` still look there.
+        """
+        stack, index = super().get_stack(f, t)
+        kept = [i for i, (frame, _) in enumerate(stack)
+                if i == index or where.is_user_code(frame.f_code.co_filename)]
+        return [stack[i] for i in kept], kept.index(index) if index in kept else len(kept) - 1
+
+    def do_interact(self, arg: str) -> None:
+        """interact: refused on a rank (see the module's docstring)."""
+        self.message("ddplab: interact is not available on a rank: its console would read the "
+                      "engine's stdin, which no one can type into. Type Python at this prompt "
+                      "instead (x = 2, print(x), import torch): it runs in this frame.")
+
     def set_continue(self) -> None:
         super().set_continue()
         self.channel.done()
@@ -229,13 +268,19 @@ def breakpoint(rank: int | None = None,   # ddplab.breakpoint: named as the buil
                           f"{ranks}, or leave rank out to stop every rank.")
     if rank is not None and rank != _my_rank():
         return
-    frame = sys._getframe(1)
-    debugger = _debugger(list(commands or []))
+    _stop(sys._getframe(1), list(commands or []))
+
+
+def _stop(frame: FrameType, commands: list[str] | None, header: str | None = None) -> None:
+    """Stop in the debugger at ``frame``: the notebook's prompt on a rank, else the terminal's."""
+    debugger = _debugger(commands)
     if debugger is None:
         terminal = pdb.Pdb()             # a script in a terminal: pdb as usual
         terminal.cmdqueue.extend(commands or [])
         terminal.set_trace(frame)
         return
+    if header is not None:
+        debugger.message(header)
     debugger.set_trace(frame)
 
 

@@ -296,8 +296,15 @@ def _failed(exc: BaseException, keep: Callable[[str], bool]) -> str:
     return _format_error(exc, keep)
 
 
-def call(fn: Callable, args: tuple, kwargs: dict) -> dict:
-    """Call ``fn(*args, **kwargs)`` with its output recorded; see run_cell."""
+def call(fn: Callable, args: tuple, kwargs: dict,
+         sources: dict[str, list[str]] | None = None) -> dict:
+    """Call ``fn(*args, **kwargs)`` with its output recorded; see run_cell.
+
+    ``sources``: the lines of files only the kernel has (a function defined in
+    a notebook cell), for pdb's ``l`` and tracebacks here.
+    """
+    for filename, lines in (sources or {}).items():
+        linecache.cache[filename] = (sum(map(len, lines)), None, list(lines), filename)
     recorder = output.OutputRecorder()
     value, error = None, None
     with output.capture(recorder):
@@ -314,7 +321,7 @@ def call(fn: Callable, args: tuple, kwargs: dict) -> dict:
     return {"ok": error is None, "events": recorder.events, "error": error, "value": value}
 
 
-def call_pickled(pickled: bytes, own: tuple) -> dict:
+def call_pickled(pickled: bytes, own: tuple, sources: dict[str, list[str]] | None = None) -> dict:
     """``call(fn, (*common, *own))``, ``(fn, common)`` pickled once for many ranks: ``Lab.run_each``
     sends each rank its own arguments, and the function and the shared ones as bytes made once."""
     import pickle
@@ -322,7 +329,7 @@ def call_pickled(pickled: bytes, own: tuple) -> dict:
         fn, common = pickle.loads(pickled)
     except BaseException as exc:
         return {"ok": False, "events": [], "error": _failed(exc, _is_user_code), "value": None}
-    return call(fn, (*common, *own), {})
+    return call(fn, (*common, *own), {}, sources)
 
 
 def _is_user_code(filename: str) -> bool:
