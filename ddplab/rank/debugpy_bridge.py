@@ -116,8 +116,8 @@ def end() -> None:
     _state["links"].clear()
     if _state["hook"] is not None:
         sys.breakpointhook, _state["hook"] = _state["hook"], None
-    import pydevd  # debugpy's vendored pydevd, on sys.path once it runs
-    pydevd.stoptrace()
+    # debugpy's own copy of pydevd, imported by listen(): not a distribution of its own.
+    sys.modules["pydevd"].stoptrace()
 
 
 def _accept(server: socket.socket) -> None:
