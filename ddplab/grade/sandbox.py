@@ -17,7 +17,13 @@ What that gives, and why each part:
   ``/etc``...), the Python installation and ddplab's package, and nothing
   else. The reference notebooks, the course's notebooks shipped in the
   package (what ``ddplab.solution`` reads), other students' submissions and
-  the grader's outputs are not there. ``/tmp`` is a fresh, private tmpfs; the
+  the grader's outputs are not there. Nor is the source of the modules that
+  hold an exercise's answer and that the notebooks' demos still run
+  (``ANSWER_MODULES``: ``ddplab.algorithms``, notebook 06's all_reduces): each
+  is replaced by a stand-in that runs its compiled code, so the demos work and
+  there is no source to read or copy (a copy of the code objects is still the
+  reference: ``ddplab.check._reference`` recognises it by its instructions).
+  ``/tmp`` is a fresh, private tmpfs; the
   only writable folder is the submission's scratch folder, which holds a copy
   of its notebook and is its working directory. ``$HOME`` is in ``/tmp``.
 - A network of its own: loopback only (the lab's ranks talk over it);
@@ -45,6 +51,9 @@ HIDDEN_SYSTEM_FILES = ["/etc/shadow", "/etc/gshadow", "/etc/sudoers"]
 #: Environment variables that pass into the sandbox (names, or prefixes ending in _).
 KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "PYTHONPATH", "PYTHONHASHSEED",
             "LC_", "OMP_", "MKL_", "OPENBLAS_", "TORCH_", "GLOO_", "DDPLAB_", "NCCL_", "CUDA_")
+#: ddplab's modules whose source answers an exercise, and which notebooks still run (06's demos
+#: draw and time the reference ring): in the sandbox, their compiled code without the source.
+ANSWER_MODULES = ("algorithms",)
 #: Set by the grader so that a submission's kernel borrows no process from outside.
 DROP_ENV = ("DDPLAB_TEMPLATE",)
 
@@ -93,6 +102,32 @@ def _hidden_dirs() -> list[Path]:
     return [d for d in (package / "course" / "notebooks",) if d.is_dir()]
 
 
+def _write_stand_ins(folder: Path) -> list[tuple[Path, Path]]:
+    """Per ``ANSWER_MODULES`` entry: (a stand-in written in ``folder``, the installed source it hides).
+
+    The stand-in is a module that runs the original's code object, compiled
+    here from the installed file and carried marshalled: the functions it
+    defines are the reference's, under the installed file's name, and no line
+    of the source is in the sandbox.
+    """
+    import marshal
+
+    import ddplab
+    package = Path(ddplab.__file__).resolve().parent
+    folder.mkdir(exist_ok=True)
+    made = []
+    for name in ANSWER_MODULES:
+        installed = package / f"{name}.py"
+        code = compile(installed.read_text(), str(installed), "exec")
+        stand_in = folder / f"{name}.py"
+        stand_in.write_text(
+            f'"""ddplab.{name}, compiled: a grading sandbox holds no source of the answers its '
+            f'demos run\n(ddplab.grade.sandbox)."""\n'
+            f"import marshal as _marshal\n\nexec(_marshal.loads({marshal.dumps(code)!r}))\n")
+        made.append((stand_in, installed))
+    return made
+
+
 def wrap(command: list[str], *, scratch: Path | None, bwrap: str | None = None) -> list[str]:
     """``command`` run in a sandbox whose one writable folder is ``scratch`` (its working dir)."""
     args = [bwrap or shutil.which("bwrap") or "bwrap",
@@ -110,6 +145,11 @@ def wrap(command: list[str], *, scratch: Path | None, bwrap: str | None = None) 
         args += ["--tmpfs", str(path)]
     if scratch is not None:
         args += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch)]
+        stand_ins = _write_stand_ins(scratch / "answers")
+        # Read-only from inside, although under the one writable folder: bound after it.
+        args += ["--ro-bind", str(scratch / "answers"), str(scratch / "answers")]
+        for stand_in, installed in stand_ins:
+            args += ["--ro-bind", str(stand_in), str(installed)]
     args += ["--dir", "/tmp/home", "--setenv", "HOME", "/tmp/home", "--setenv", "TMPDIR", "/tmp"]
     return args + ["--", *command]
 

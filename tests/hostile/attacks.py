@@ -137,6 +137,16 @@ except OSError:
     pass
 '''
 
+# ddplab.algorithms holds notebook 06's answers, and 06's demos run it in the sandbox: its code
+# is there, its source is not (ddplab.grade.sandbox.ANSWER_MODULES). Where it could be read, this
+# submission runs the solution.
+READ_ANSWERS = '''%%ranks
+import ddplab.algorithms
+source = open(ddplab.algorithms.__file__).read()
+assert "def ring_all_reduce" in source, "no answer to read here"
+@SOLUTION@
+'''
+
 WRITE_OUTSIDE = '''
 for path in [@REFERENCE@, @CSV@, @OTHER@ + "/00_setup.ipynb"]:
     try:
@@ -248,6 +258,7 @@ ATTACKS = {
     # isolation: nothing to read, nothing to write
     "steal_solution": (_before_check(STEAL), 0),
     "steal_on_ranks": (_exercise(STEAL_ON_RANKS), 0),
+    "read_answers": (_exercise(READ_ANSWERS), 0),
     "write_outside": (_before_check(WRITE_OUTSIDE), 0),
     "rewrite_results": (_before_check(REWRITE_RESULTS), 0),
     # the instructor's traps: the reason says what happened
