@@ -352,15 +352,18 @@ def run_commands(commands: list[list[str]], timeout: float, env: dict | None = N
     """Run commands side by side and return their output; end every process they started.
 
     Raises ``CommandError`` with each command's output if one fails (at once:
-    no settle time) or the time runs out. The commands run as one
-    ``ddplab.procs.Group``: each command's session, and every descendant seen
-    while waiting (torchrun's workers among them), is ended.
+    no settle time) or they make no progress for ``timeout`` s (no output, no CPU
+    time used: a training that runs long is not stuck, as for ``ddplab.launch``).
+    The commands run as one ``ddplab.procs.Group``: each command's session, and
+    every descendant seen while waiting (torchrun's workers among them), is ended.
     """
     from . import procs
 
-    ran = procs.run(commands, timeout, env={**os.environ, **(env or {})})
+    group = procs.Group(commands, env={**os.environ, **(env or {})})
+    ran = group.start().wait(timeout, progress=True)
     if ran.timed_out:
-        failed = f"the commands did not finish within {timeout:g} s"
+        failed = (f"the commands made no progress for {timeout:g} s (no output, no CPU time "
+                  f"used): they are probably waiting for each other")
     elif not ran.ok:
         failed = "a command failed"
     else:

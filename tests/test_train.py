@@ -154,11 +154,20 @@ def test_run_commands_ends_every_process_when_time_runs_out():
              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
              "print(p.pid, flush=True)\n"
              "time.sleep(120)\n")
-    with pytest.raises(RuntimeError, match="did not finish within") as info:
-        train.run_commands([[sys.executable, "-c", child]], timeout=10)     # the child sleeps 120 s
+    # Its start (output, CPU) is progress; then nothing for a whole timeout: it is ended.
+    with pytest.raises(RuntimeError, match="made no progress for 5 s") as info:
+        train.run_commands([[sys.executable, "-c", child]], timeout=5)      # the child sleeps 120 s
     grandchild = int(str(info.value).split("---\n")[1].split()[0])
     assert not psutil.pid_exists(grandchild) or \
         psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.slow
+def test_run_commands_lets_a_job_that_prints_run_past_its_timeout():
+    child = "import time\nfor step in range(6):\n    print('step', step, flush=True)\n    time.sleep(1)\n"
+    out = train.run_commands([[sys.executable, "-c", child]], timeout=3)    # 6 s of steps
+    assert out[0].split() == ["step", "0", "step", "1", "step", "2", "step", "3", "step", "4",
+                              "step", "5"]
 
 
 @pytest.mark.slow
