@@ -198,3 +198,40 @@ def test_answers_read_or_forged_on_the_ranks_do_not_pass(fresh_lab):
             ddplab.check.offset_sharder(no_drop_shard)
     finally:
         fresh_lab.restart()           # the patched sampler stays on the ranks
+
+
+# Issue 46: line_shards made its expected lines on the rank, in the frame that read the student's
+# dataset; DataLoader's workers are forks of the rank, so they could read that frame too.
+FRAME_READING_LINES = """
+import sys
+from torch.utils.data import IterableDataset, get_worker_info
+
+class LineShards(IterableDataset):
+    def __init__(self, path):
+        self.path = path
+
+    def __iter__(self):
+        frame = sys._getframe(1)
+        while frame is not None and "expected" not in frame.f_locals:
+            frame = frame.f_back
+        lines = frame.f_locals["expected"][-1] if frame is not None else []
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter([line for j, line in enumerate(lines) if j % workers == worker])
+"""
+
+
+def test_line_shards_read_from_the_checkers_frame_do_not_pass(fresh_lab):
+    fresh_lab.run_cell(FRAME_READING_LINES)
+    with pytest.raises(AssertionError, match="is wrong on ranks 0, 1"):
+        ddplab.check.line_shards()
+
+
+def test_epoch_orders_are_not_judged_by_a_sampler_the_ranks_patched(fresh_lab):
+    # Unshuffled orders, and a sampler patched on the ranks to agree: the reference is the checker's.
+    fresh_lab.run_cell(PATCHED_SAMPLER + "orders = [list(range(rank, 12, world_size))] * 3\n")
+    try:
+        with pytest.raises(AssertionError, match="unshuffled: the sampler needs shuffle=True"):
+            ddplab.check.epoch_orders()
+    finally:
+        fresh_lab.restart()           # the patched sampler stays on the ranks

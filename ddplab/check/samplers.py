@@ -1,10 +1,11 @@
 """Checkers for notebook 04 (sampler sharding); see _core for the shared behaviour.
 
-Each computes the expected answer with torch's own ``DistributedSampler``,
-never from a stored answer: ``offset_sharder`` and ``rank_share`` in the
-checker's process (every rank's sampler, ``num_replicas`` and ``rank`` given),
-where a submission cannot patch it or read it from a frame; ``epoch_orders``
-still on the ranks.
+Each computes the expected answer in the checker's process, where a submission
+cannot patch it or read it from a frame, never from a stored answer:
+``offset_sharder``, ``rank_share`` and ``epoch_orders`` with torch's own
+``DistributedSampler`` (every rank's sampler, ``num_replicas`` and ``rank``
+given), ``line_shards`` from the rule it teaches. The ranks send back only what
+the student's code gave.
 
     ddplab.check.offset_sharder(my_shard)   # = DistributedSampler(shuffle=False, drop_last=True)
     ddplab.check.epoch_orders()             # `orders`: epochs 5, 6, 7 of a resumed run, as uninterrupted
@@ -25,12 +26,6 @@ SIZES = (12, 10, 11, 7, 1)
 #: The set_epoch exercise: its dataset size, epochs and seed (the exercise cell uses these).
 #: The run resumes at ORDERS_START: it must see what epochs 5, 6, 7 of an uninterrupted run saw.
 ORDERS_N, ORDERS_EPOCHS, ORDERS_SEED, ORDERS_START = 12, 3, 0, 5
-
-
-def _sampler(n: int, **kwargs):
-    """On a rank: torch's DistributedSampler over a dataset of ``n`` samples (0..n-1)."""
-    from torch.utils.data import DistributedSampler
-    return DistributedSampler(range(n), **kwargs)      # rank, world size from the group
 
 
 def _shards(n: int, world: int, **kwargs) -> list[list[int]]:
@@ -66,13 +61,20 @@ def offset_sharder(fn: Callable, lab: Any = None) -> None:
 
 
 # ------------------------------------------------------------------ epoch_orders
-def _reference_orders(start: int = ORDERS_START) -> list[list[int]]:
-    sampler = _sampler(ORDERS_N, shuffle=True, seed=ORDERS_SEED)
-    orders = []
-    for epoch in range(start, start + ORDERS_EPOCHS):
-        sampler.set_epoch(epoch)
-        orders.append(list(sampler))
-    return orders
+def _reference_orders(world: int, start: int = ORDERS_START) -> list[list[list[int]]]:
+    """In the checker: each rank's orders of epochs ``start``.. of the exercise's sampler."""
+    from torch.utils.data import DistributedSampler
+
+    by_rank = []
+    for rank in range(world):
+        sampler = DistributedSampler(range(ORDERS_N), num_replicas=world, rank=rank, shuffle=True,
+                                     seed=ORDERS_SEED)
+        orders = []
+        for epoch in range(start, start + ORDERS_EPOCHS):
+            sampler.set_epoch(epoch)
+            orders.append([int(i) for i in sampler])
+        by_rank.append(orders)
+    return by_rank
 
 
 def epoch_orders(lab: Any = None) -> None:
@@ -82,8 +84,8 @@ def epoch_orders(lab: Any = None) -> None:
     with the true epoch number, not the count since the restart.
     """
     got = values_on_ranks("orders", lab)
-    expected = run_on_ranks(_reference_orders, lab=lab)
-    from_zero = run_on_ranks(_reference_orders, 0, lab=lab)
+    expected = _reference_orders(len(got))
+    from_zero = _reference_orders(len(got), 0)
     got = [[list(map(int, epoch)) for epoch in g] if isinstance(g, (list, tuple)) else g
            for g in got]
     repeats = [g for g in got if isinstance(g, list) and len(g) > 1 and all(e == g[0] for e in g)]
@@ -163,7 +165,6 @@ def _line_shard_answers(name: str) -> Any:
     import tempfile
     import warnings
 
-    import torch.distributed as dist
     from torch.utils.data import DataLoader
 
     from ddplab.rank.engine import namespace
@@ -171,15 +172,12 @@ def _line_shard_answers(name: str) -> Any:
     cls = namespace().get(name)
     if not callable(cls):
         return MISSING
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    expected, got = [], []
+    got = []
     with tempfile.TemporaryDirectory(prefix="ddplab-lines-") as folder:
         path = os.path.join(folder, "lines.txt")
         with open(path, "w") as f:
             f.write("".join(f"line {i}\n" for i in range(LINES)))
         for workers in WORKERS:
-            k = workers or 1                  # worker w of k keeps i % (world_size*k) == rank*k + w
-            expected.append([f"line {i}" for i in range(LINES) if i % (world_size * k) // k == rank])
             with warnings.catch_warnings():
                 # "will create 3 worker processes ... suggested max is 2": true on a
                 # 2-core machine, absent on a bigger one; these workers read 8 lines.
@@ -187,7 +185,14 @@ def _line_shard_answers(name: str) -> Any:
                 loader = DataLoader(cls(path), batch_size=None, num_workers=workers,
                                     multiprocessing_context="fork" if workers else None)
                 got.append(sorted((str(line).rstrip("\n") for line in loader), key=_line_number))
-    return {"expected": expected, "got": got}
+    return got
+
+
+def _expected_lines(rank: int, world_size: int) -> list[list[str]]:
+    """In the checker: rank ``rank``'s lines, sorted, per worker count in ``WORKERS``."""
+    # worker w of k keeps line i when i % (world_size * k) == rank * k + w
+    return [[f"line {i}" for i in range(LINES) if i % (world_size * (k or 1)) // (k or 1) == rank]
+            for k in WORKERS]
 
 
 def line_shards(lab: Any = None) -> None:
@@ -203,7 +208,7 @@ def line_shards(lab: Any = None) -> None:
     require_function(got, "LineShards", kind="class")
     compare(f"the lines DataLoader(LineShards(path), num_workers=k) yields on each rank, "
             f"sorted, for k in {list(WORKERS)}",
-            [g["expected"] for g in got], [g["got"] for g in got],
+            [_expected_lines(rank, len(got)) for rank in range(len(got))], got,
             hint="in __iter__, ask torch.utils.data.get_worker_info(): None means one worker (id 0 of 1); "
                  "keep line i when i % (world_size * num_workers) == rank * num_workers + worker id, "
                  "and strip the newline.")
