@@ -112,6 +112,29 @@ def test_mixed_step_rejects(fresh_lab, edit, needle):
     fails(ddplab.check.mixed_step, needle)
 
 
+# Issue 46: the checker took torch's autocast step on the rank, in the frame that called the
+# student's function; its weights and loss, read from there, passed without a step of one's own.
+MIXED_FROM_THE_FRAME = IMPORTS + """
+def mixed_step(model, optimizer, x, y):
+    import sys
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)                                      # the Linear outputs the check looks at
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    there = sys._getframe(1).f_locals
+    if "reference" not in there:
+        return 0.0
+    for p, q in zip(model.parameters(), there["reference"].parameters()):
+        p.data.copy_(q.data)
+    return there["loss"].item()
+"""
+
+
+def test_mixed_step_read_from_the_checkers_frame_does_not_pass(fresh_lab):
+    fresh_lab.run_cell(MIXED_FROM_THE_FRAME)
+    fails(ddplab.check.mixed_step, "is wrong on ranks 0, 1")
+
+
 # ------------------------------------------------------------------- bf16_hook
 HOOK = IMPORTS + """
 def bf16_hook(state, bucket):

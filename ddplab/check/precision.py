@@ -17,8 +17,10 @@
   step on the whole batch; a wrong step is named by the ratio of its update to
   the expected one (4x: summed over the micro-batches without dividing).
 
-The expected answers come from torch itself on the same ranks (the plain
-model, a float32 all_reduce, one big batch), never from stored numbers.
+The expected answers come from torch itself, never from stored numbers:
+``mixed_step``'s autocast step in the checker's process (the weights and the
+loss come back from the ranks: nothing on a rank holds the answer), the
+others' on the same ranks (the plain model, a float32 all_reduce, one big batch).
 """
 
 from __future__ import annotations
@@ -116,22 +118,22 @@ def checkpoint_blocks(lab: Any = None) -> None:
 
 
 # ------------------------------------------------------------------ mixed_step
+#: The batch mixed_step is given: 16 digits from sample 48 on.
+_MIXED_BATCH = (16, 48)
+
+
 def _mixed_answers(student: Callable) -> dict:
-    """On a rank: one student step on an fp32 mlp, against torch's autocast step, and what ran in bf16."""
+    """On a rank: one student step on an fp32 mlp, and what ran in bf16.
+
+    Nothing here knows what the step should give: the weights and the loss go
+    back to the checker, which takes torch's autocast step itself (``_mixed_reference``).
+    """
     import torch
-    import torch.nn.functional as F
     from torch import nn
 
     from ddplab.sharding import digits_batch, mlp
 
-    x, y = digits_batch(16, start=16 * 3, dtype=torch.float32)
-    reference = mlp(seed=1)
-    sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = F.cross_entropy(reference(x), y)
-    loss.backward()
-    sgd.step()
-
+    x, y = digits_batch(_MIXED_BATCH[0], start=_MIXED_BATCH[1], dtype=torch.float32)
     model = mlp(seed=1)
     before = _weights(model).clone()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -146,18 +148,40 @@ def _mixed_answers(student: Callable) -> dict:
                     if p.grad is not None})
     after = _weights(model).float()
     return {"linear": sorted(set(dtypes)), "params": params, "grads": grads,
-            "stepped": bool(not torch.equal(after, before)),
-            "close": bool(after.shape == before.shape
-                          and torch.allclose(after, _weights(reference), atol=1e-5, rtol=0)),
-            "loss": isinstance(result, float) and abs(result - loss.item()) < 1e-2}
+            "stepped": bool(not torch.equal(after, before)), "weights": after.clone(),
+            "result": result if isinstance(result, float) else None}
+
+
+def _mixed_reference() -> tuple[Any, float]:
+    """In the checker: torch's autocast step on the same mlp and batch: the weights, the loss."""
+    import torch
+    import torch.nn.functional as F
+
+    from ddplab.sharding import digits_batch, mlp
+
+    x, y = digits_batch(_MIXED_BATCH[0], start=_MIXED_BATCH[1], dtype=torch.float32)
+    reference = mlp(seed=1)                            # leaves the notebook's random stream alone
+    sgd = torch.optim.SGD(reference.parameters(), lr=0.1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = F.cross_entropy(reference(x), y)
+    loss.backward()
+    sgd.step()
+    return _weights(reference), loss.item()
 
 
 def mixed_step(lab: Any = None) -> None:
     """Check ``mixed_step(model, optimizer, x, y)``: autocast bf16 forward, fp32 master weights."""
     __tracebackhide__ = True
     lab = lab_or_current(lab)
+    import torch
+
     got = _student("mixed_step", lab, _mixed_answers)
     n = lab.world_size
+    weights, loss = _mixed_reference()
+    for g in got:
+        g["close"] = bool(g["weights"].shape == weights.shape
+                          and torch.allclose(g["weights"], weights, atol=1e-5, rtol=0))
+        g["loss"] = g["result"] is not None and abs(g["result"] - loss) < 1e-2
     compare("the dtype of the model's parameters after mixed_step (the master weights)",
             [["float32"]] * n, [g["params"] for g in got],
             hint="keep the model in float32: do not call model.to(torch.bfloat16) / .bfloat16(). "
