@@ -242,6 +242,21 @@ def test_a_job_that_prints_or_computes_past_its_timeout_runs_to_its_end():
     assert ran[1].output == "done\n"
 
 
+def test_a_job_winding_down_after_its_worker_ended_is_not_stalled():
+    # torchrun's shape: a worker computes and exits, its parent (the agent) reaps it and closes
+    # quietly. The worker's end is progress, and its CPU counts once reaped (children's times).
+    agent = python("""
+        import subprocess, sys, time
+        subprocess.run([sys.executable, "-c",
+                        "import time\\nend = time.process_time() + 1.3\\n"
+                        "while time.process_time() < end:\\n    pass"])
+        time.sleep(0.9)                 # quiet, idle: closing down (under a timeout)
+        print("closed", flush=True)
+    """)
+    ran = procs.Group([agent]).start().wait(1.0, progress=True)
+    assert ran.ok and ran[0].output == "closed\n", ran
+
+
 def test_a_quiet_idle_job_is_stalled_and_a_limit_caps_a_busy_one():
     timeout = 1.0
     begin = time.monotonic()

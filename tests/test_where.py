@@ -232,3 +232,20 @@ def test_a_huge_one_word_message_is_formatted_in_one_pass():
     word = "x" * 4_000_000
     assert engine.relative_to_site_packages(f"ValueError: {word}/site-packages/y") == "ValueError: y"
     assert engine.relative_to_site_packages(word) == word
+
+
+@pytest.mark.parametrize(("innermost", "busy"), [
+    ('File "<rank cell 3>", line 2, in <module>', True),                 # a cell spinning
+    (f'File "{KERNEL_FN}", line 6, in f', True),                          # lab.run(f): f sleeping
+    ('File "/home/student/course/helpers.py", line 9, in load_batch', True),  # their module
+    ('File "torch/distributed/distributed_c10d.py", line 3252, in all_reduce', False),
+    ('File "torch/autograd/graph.py", line 829, in _engine_run_backward', False),  # DDP may wait
+    ('File "/usr/lib/python3.11/threading.py", line 320, in wait', False),  # a queue: may wait
+])
+def test_a_rank_is_busy_in_its_own_code_when_its_innermost_frame_is_the_users(innermost, busy):
+    """Hang reports tell a slow rank from a deadlock by this (issue 42): a function given to
+    lab.run, or a helper module, counts as the user's code as a cell does. Stacks come with
+    site-packages paths cut short, so a relative path is a library's."""
+    stack = f'    File "<rank cell 1>", line 4, in <module>\n    {innermost}\n'
+    assert diagnose.busy_in_own_code(stack) is busy
+    assert diagnose.busy_in_own_code("") is False

@@ -335,7 +335,7 @@ class Calls:
         still = sorted({t.rank for t in tasks if t.outcome is None})
         seen = watch.seen(still) if watch is not None else None   # the stacks it just read
         where, stacks = seen or self._locate([t for t in tasks if t.outcome is None], 4)
-        busy = sorted(r for r in where if diagnose.busy_in_a_cell(where[r], stacks.get(r, "")))
+        busy = sorted(r for r in where if diagnose.busy_in_own_code(stacks.get(r, "")))
         head = watch.headline(timeout) if watch is not None else ""
         lines = [head or f"ddplab: the {what} did not finish within timeout={timeout:g} s; "
                  + diagnose.headline(busy, sorted(set(where) - set(busy)), timeout)]

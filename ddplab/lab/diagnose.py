@@ -18,7 +18,7 @@ import time
 
 from .. import procs
 from ..rank.engine import relative_to_site_packages
-from ..rank.where import CELL_PREFIX, locate
+from ..rank.where import CELL_PREFIX, is_user_code, locate
 from ..text import plural
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>\S+)')
@@ -221,15 +221,26 @@ def headline(busy: list[int], others: list[int], timeout: float) -> str:
             f"rank (pass a longer timeout=) or one that never reaches the call the others wait in.")
 
 
-def busy_in_a_cell(where_line: str, stack: str) -> bool:
-    """Whether a still-running rank runs its own cell code: no torch.distributed call on its stack,
-    and a cell's line is its innermost frame (sleeping, spinning, computing in plain Python).
+def busy_in_own_code(stack: str) -> bool:
+    """Whether a still-running rank runs its own code: its innermost frame is the user's
+    (``_own``): a cell's line, a function the notebook sent (``lab.run``, ``lab.spawn``), a
+    module of theirs (sleeping, spinning, computing in plain Python, loading the next batch).
 
     A rank whose innermost frame is a library's (autograd's backward, where DDP's reducer may
-    wait for the others in C++) is not called busy: from its stack alone it could be waiting.
+    wait for the others in C++; a queue of the standard library) is not called busy: from its
+    stack alone it could be waiting.
     """
+    # A torch.distributed call's innermost frames are torch's (its Python wrapper): not own.
     frames = [line.strip() for line in stack.splitlines() if line.strip().startswith('File "')]
-    return not _call(where_line) and bool(frames) and frames[-1].startswith('File "<rank cell')
+    return bool(frames) and _own(frames[-1])
+
+
+def _own(frame: str) -> bool:
+    """Whether a stack line (``File "path", line N, in f``) is in the user's code
+    (``where.is_user_code``). A stack's site-packages paths come shortened
+    (``torch/autograd/graph.py``): a relative one is a library's."""
+    path = frame[len('File "'):].split('"', 1)[0]
+    return (path.startswith(CELL_PREFIX) or os.path.isabs(path)) and is_user_code(path)
 
 
 def _call(where_line: str) -> str:

@@ -84,7 +84,7 @@ def _latest(records: list[dict]) -> dict[str, dict]:
 def report(answers: dict[int, list[dict]], busy: list[int] = ()) -> list[str]:
     """Lines for ``HangError``: each rank's collectives, then the verdict (if there is one).
 
-    ``busy``: ranks still running their own code (``diagnose.busy_in_a_cell``): one of them
+    ``busy``: ranks still running their own code (``diagnose.busy_in_own_code``): one of them
     behind the others has not reached the collective *yet*; it may be slow, not have skipped it.
     """
     latest = {rank: _latest([r for r in records if "call" not in r])

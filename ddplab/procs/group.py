@@ -234,11 +234,14 @@ class Group:
     @staticmethod
     def _progressed(before: tuple[int, dict[int, float]], after: tuple[int, dict[int, float]],
                     window: float) -> bool:
-        """Whether the job made progress between two ``_activity`` readings ``window`` apart."""
+        """Whether the job made progress between two ``_activity`` readings ``window`` apart:
+        it wrote, used the CPU, or one of its processes ended (a job winding down: torchrun's
+        workers done, its agent closing)."""
         wrote, used = after[0] > before[0], cpu_used(before[1], after[1])
-        if wrote or used >= BUSY_SHARE * window:
-            log.debug("ddplab: the job is still working at its timeout (output: %s, CPU %.2f s "
-                      "in %.3g s): waiting on", wrote, used, window)
+        ended = bool(set(before[1]) - set(after[1]))
+        if wrote or ended or used >= BUSY_SHARE * window:
+            log.debug("ddplab: the job is still working at its timeout (output: %s, a process "
+                      "ended: %s, CPU %.2f s in %.3g s): waiting on", wrote, ended, used, window)
             return True
         return False
 

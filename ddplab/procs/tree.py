@@ -80,7 +80,8 @@ def descendants(member: Member) -> list[psutil.Process]:
 
 def cpu_times(members: Iterable[Member]) -> dict[int, float]:
     """The CPU time (user and system, in seconds) each live process among ``members`` used so
-    far, by pid.
+    far, by pid, with that of the children it has waited for (torchrun's agent reaps its
+    workers: what a worker used before it ended is its agent's then, not lost).
 
     What tells a long job from a stuck one: a process computing, or moving a collective's data,
     uses a core; one waiting in gloo for another rank uses about 0.5% of one.
@@ -92,7 +93,7 @@ def cpu_times(members: Iterable[Member]) -> dict[int, float]:
             continue
         try:
             used = handle.cpu_times()
-            times[handle.pid] = used.user + used.system
+            times[handle.pid] = used.user + used.system + used.children_user + used.children_system
         except psutil.Error:
             pass                  # gone since: what it used is no longer anyone's to read
     return times
