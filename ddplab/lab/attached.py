@@ -35,6 +35,7 @@ import logging
 import os
 from typing import Any, Callable
 
+from ..text import plural
 from .ranks import Joins, LabSpec, Loss
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class AttachedRanks:
                  "ranks": list(range(self.world_size))}]
 
     def describe(self) -> str:
-        return f"attached to the {self.world_size} ranks of the lab in {self.directory}."
+        return f"attached to the {plural(self.world_size, 'rank')} of the lab in {self.directory}."
 
     # ------------------------------------------------------------- connecting
     def bring_up(self) -> Joins:

@@ -44,6 +44,7 @@ from typing import Any, Callable
 from ..env import worker_env
 from ..errors import ConfigError, DdplabError
 from ..rank import engine, owngroup, script
+from ..text import plural
 from .calls import Calls
 from .stall import Watch
 
@@ -115,8 +116,8 @@ def spawn(calls: Calls, fn: Callable, args: tuple, timeout: float,
     world_size = calls.engines.world_size
     if nprocs is not None and nprocs != world_size:
         raise ConfigError(f"ddplab: lab.spawn(nprocs={nprocs!r}) asks for {nprocs} processes, but "
-                          f"this lab has world_size={world_size} ranks, and they are the "
-                          f"processes. Leave nprocs out, or start a lab with "
+                          f"this lab has world_size={world_size} ({plural(world_size, 'rank')}), and "
+                          f"they are the processes. Leave nprocs out, or start a lab with "
                           f"ddplab.start(world_size={nprocs}).")
     if not join:
         raise ConfigError("ddplab: lab.spawn(join=False) is not supported: lab.spawn waits for "
