@@ -239,7 +239,7 @@ def sweep(lab: Any, collectives: Iterable[str] = ("all_reduce",), sizes: Iterabl
             chosen.update(extra)
         for name, fn in chosen.items():
             if progress:
-                progress(f"timing {name} on {plural(lab.world_size, 'rank')}")
+                progress(f"timing {name} on {lab.world_size} {plural(lab.world_size, 'rank')}")
             results += measure(lab, collective, name, fn, sizes, repeats)
     return results
 
@@ -348,7 +348,7 @@ def plot(results: list[Result]):
                     continue
                 style = dict(linestyle=styles[world_size], marker="o", ms=3,
                              color=colours[names.index(name) % len(colours)],
-                             label=f"{name}, {plural(world_size, 'rank')}")
+                             label=f"{name}, {world_size} {plural(world_size, 'rank')}")
                 x = [r.nbytes for r in points]
                 left.plot(x, [r.seconds for r in points], **style)
                 right.plot(x, [r.busbw / 1e9 for r in points], **style)
@@ -408,7 +408,7 @@ def _summary(results: list[Result], link: dict | None) -> None:
     target = [(p, m) for p, m in common if m == 16 << 20] or common[-1:]
     for p, m in target:
         ring, own = by_key[("ring", p, m)], by_key[("dist.all_reduce", p, m)]
-        print(f"\nring vs dist.all_reduce at {spell_size(m)} on {plural(p, 'rank')}: busbw "
+        print(f"\nring vs dist.all_reduce at {spell_size(m)} on {p} {plural(p, 'rank')}: busbw "
               f"{ring.busbw / 1e9:.3f} vs {own.busbw / 1e9:.3f} GB/s, ratio {ring.busbw / own.busbw:.2f}")
     try:
         ring_fit = fit_ring(results)

@@ -296,8 +296,8 @@ def compare(what: str, expected: list[Any], got: list[Any], atol: float = 0.0,
     __tracebackhide__ = True   # IPython and pytest show the message, not this frame
     wrong = [rank for rank, (e, g) in enumerate(zip(expected, got)) if not same(e, g, atol)]
     if len(expected) != len(got):
-        raise AssertionError(f"{what}: expected answers from {plural(len(expected), 'rank')}, "
-                             f"got {len(got)}.")
+        ranks = f"{len(expected)} {plural(len(expected), 'rank')}"
+        raise AssertionError(f"{what}: expected answers from {ranks}, got {len(got)}.")
     if not wrong:
         return
     lines = [f"{what} is wrong on {plural(len(wrong), 'rank')} {', '.join(map(str, wrong))}."]

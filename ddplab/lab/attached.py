@@ -98,7 +98,8 @@ class AttachedRanks:
                  "ranks": list(range(self.world_size))}]
 
     def describe(self) -> str:
-        return f"attached to the {plural(self.world_size, 'rank')} of the lab in {self.directory}."
+        ranks = f"{self.world_size} {plural(self.world_size, 'rank')}"
+        return f"attached to the {ranks} of the lab in {self.directory}."
 
     # ------------------------------------------------------------- connecting
     def bring_up(self) -> Joins:

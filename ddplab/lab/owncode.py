@@ -116,9 +116,9 @@ def spawn(calls: Calls, fn: Callable, args: tuple, timeout: float,
     world_size = calls.engines.world_size
     if nprocs is not None and nprocs != world_size:
         raise ConfigError(f"ddplab: lab.spawn(nprocs={nprocs!r}) asks for {nprocs} processes, but "
-                          f"this lab has world_size={world_size} ({plural(world_size, 'rank')}), and "
-                          f"they are the processes. Leave nprocs out, or start a lab with "
-                          f"ddplab.start(world_size={nprocs}).")
+                          f"this lab has {world_size} {plural(world_size, 'rank')} "
+                          f"(world_size={world_size}), and they are the processes. Leave nprocs "
+                          f"out, or start a lab with ddplab.start(world_size={nprocs}).")
     if not join:
         raise ConfigError("ddplab: lab.spawn(join=False) is not supported: lab.spawn waits for "
                           "the ranks and returns their results. Leave join out.")
