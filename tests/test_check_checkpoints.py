@@ -275,3 +275,17 @@ def test_torchrun_resume_rejects(fresh_lab, edit, needle):
     assert source != RESUME
     fresh_lab.run_cell(source)
     fails(ddplab.check.torchrun_resume, needle)
+
+
+@pytest.mark.parametrize("source,check", [
+    # notebook 10 imports the references on the ranks for its resumable run: an alias is the answer
+    ("from ddplab.check.checkpoints import reference_save as save_state\n"
+     "def save_sharded(path, model, optimizer, epoch):\n    save_state(path, model, optimizer, epoch)\n",
+     "save_sharded"),
+    ("from ddplab.check.checkpoints import reference_load\nload_resharded = reference_load\n",
+     "load_resharded"),
+])
+def test_the_checks_own_references_are_refused_under_any_name(fresh_lab, source, check):
+    fresh_lab.run_cell(IMPORTS + source)
+    fails(getattr(ddplab.check, check),
+          f"{check} builds a ", "so it may not use ddplab's checkpoint references")

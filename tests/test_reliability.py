@@ -97,18 +97,38 @@ def test_process_group_timeout_is_finite():
 
 # 2. Interrupt ----------------------------------------------------------------
 
-def test_interrupt_stops_python_work_and_lab_stays_usable(fresh_lab, tmp_path, capsys):
+@pytest.fixture
+def python_sigint():
+    """SIGINT handled by Python (KeyboardInterrupt) while the test runs, as in a kernel.
+
+    ``_thread.interrupt_main`` does nothing unless Python handles SIGINT, and in one whole
+    suite run both tests below saw no KeyboardInterrupt until the cell's timeout, while they
+    pass alone: whatever an earlier test left as the handler, these tests set Python's.
+    """
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+# The rank makes the marker at once; if it were not seen, the interrupt comes after INTERRUPT_BY
+# anyway, well inside the cell's timeout, so what is tested is still the interrupt.
+INTERRUPT_BY = 10.0
+
+
+def test_interrupt_stops_python_work_and_lab_stays_usable(fresh_lab, tmp_path, capsys,
+                                                          python_sigint):
     marker = tmp_path / "started"
-    _when_file_exists(marker, _thread.interrupt_main)
+    _when_file_exists(marker, _thread.interrupt_main, limit=INTERRUPT_BY)
     with pytest.raises(KeyboardInterrupt):
         fresh_lab.run_cell(f"open({str(marker)!r}, 'w').close()\nimport time\ntime.sleep(60)")
     assert "the ranks stopped and the lab is usable" in capsys.readouterr().out
     assert fresh_lab.run(lambda: 1) == [1, 1]
 
 
-def test_interrupt_of_rank_blocked_in_cpp_says_restart(fresh_lab, tmp_path, capsys):
+def test_interrupt_of_rank_blocked_in_cpp_says_restart(fresh_lab, tmp_path, capsys, python_sigint):
     marker = tmp_path / "started"
-    _when_file_exists(marker, _thread.interrupt_main)
+    _when_file_exists(marker, _thread.interrupt_main, limit=INTERRUPT_BY)
     with pytest.raises(KeyboardInterrupt):
         fresh_lab.run_cell(f"open({str(marker)!r}, 'w').close()\n"
                            f"if rank == 0:\n    dist.recv(torch.ones(1), src=1)", ranks=[0])

@@ -79,6 +79,9 @@ _FUNCTIONS = {
     # torch.nn.utils.clip_grad_norm_ and its parts (DTensor-aware: they reduce across shards)
     "clip_grad_norm_": tuple(("torch.nn.utils.clip_grad", name) for name in (
         "clip_grad_norm_", "_get_total_norm", "_clip_grads_with_norm_")),
+    # notebook 10 imports them on the ranks (save_state, load_state) for its resumable run
+    "ddplab's checkpoint references": (("ddplab.check.checkpoints", "reference_save"),
+                                       ("ddplab.check.checkpoints", "reference_load")),
 }
 #: Every library ``refusing_library`` knows.
 LIBRARY = (*_CLASSES, *_FUNCTIONS)

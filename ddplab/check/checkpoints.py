@@ -15,7 +15,10 @@
   at the call, even if training changes the weights before the write ends.
 
 Every check builds its own models and folders on the ranks and compares with
-torch's own save and load, never with stored numbers.
+torch's own save and load, never with stored numbers. That save and load,
+``reference_save`` and ``reference_load`` below, are what ``save_sharded`` and
+``load_resharded`` ask for, and notebook 10 imports them on the ranks for its
+resumable run: during the student's call they refuse (``REFERENCES``).
 """
 
 from __future__ import annotations
@@ -26,10 +29,14 @@ import tempfile
 from typing import Any, Callable
 
 from ._core import compare, lab_or_current, passed, run_student_function
+from ._forbid import refusing_library
 
 __all__ = ["async_checkpoint", "load_resharded", "resumable_train", "save_sharded"]
 
 _TIMEOUT = 120.0
+#: ``reference_save`` and ``reference_load`` below, refused during the student's call (by
+#: code, so under any name: notebook 10 imports them on the ranks as save_state/load_state).
+REFERENCES = "ddplab's checkpoint references"
 
 
 def _student(name: str, lab: Any, fn: Callable, *args: Any) -> list[Any]:
@@ -127,7 +134,8 @@ def _save_answers(student: Callable, folder: str) -> dict:
         _step(model, optimizer, 40 * i)
     ref_path, path = os.path.join(folder, "reference"), os.path.join(folder, "student")
     reference_save(ref_path, model, optimizer, 3)
-    student(path, model, optimizer, 3)
+    with refusing_library((REFERENCES,), "save_sharded", builds="a sharded checkpoint"):
+        student(path, model, optimizer, 3)
     dist.barrier()
     files = sorted(f for f in os.listdir(path) if f.endswith(".distcp")) if os.path.isdir(path) else []
     out = {"expected": _keys(ref_path), "got": _keys(path), "files": len(files), "loaded": False}
@@ -195,7 +203,8 @@ def _load_answers(student: Callable, folder: str) -> dict:
     for layout, make in (("FSDP2", _fsdp), ("DDP", _ddp)):
         model, adam = make(seed=7)
         _step(model, adam, 300)                    # a state of its own that loading must replace
-        epoch = student(path, model, adam)
+        with refusing_library((REFERENCES,), "load_resharded", builds="a resharded load"):
+            epoch = student(path, model, adam)
         weights = bool((_full(model) - _full(source)).abs().max().item() <= 1e-12)
         out[layout] = {"epoch": epoch if isinstance(epoch, int) else repr(epoch), "weights": weights}
         if weights:
