@@ -4,6 +4,7 @@
     memory.saved_bytes(lambda: model(x).sum())    # bytes autograd saves for backward (the activations)
     memory.breakdown(model, optimizer, x)         # parameters, gradients, optimizer, activations
     memory.deep_mlp(depth=4, width=256)           # a stack of Linear-ReLU blocks to checkpoint
+    memory.cuda_peak(lambda: model(x).sum())      # on a GPU: what CUDA's allocator reached meanwhile
 
 ``ddplab.sharding.memory`` counts what lives between steps (parameters,
 gradients, optimizer state). Activations live only from forward to backward:
@@ -11,13 +12,18 @@ they are the tensors autograd keeps to compute the gradients. ``saved_bytes``
 counts them as autograd hands them over (``saved_tensors_hooks``), each
 storage once, so the number is exact and the same on every machine, unlike
 a reading of the process's memory.
+
+On a GPU, ``cuda_peak`` is that reading, from CUDA's own counters: the
+allocator's peak above what was allocated before. It holds the activations
+and whatever else the call made at once (outputs, temporaries, a fresh
+gradient buffer), so it is at least ``saved_bytes`` of the same call.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["breakdown", "deep_mlp", "saved_bytes"]
+__all__ = ["breakdown", "cuda_peak", "deep_mlp", "saved_bytes"]
 
 
 def saved_bytes(forward: Callable[[], Any], model: Any = None) -> int:
@@ -60,6 +66,28 @@ def breakdown(model: Any, optimizer: Any, x: Any) -> dict[str, int]:
     out = memory(model, optimizer)
     out["activations"] = saved_bytes(lambda: model(x).sum(), model)
     return out
+
+
+def cuda_peak(call: Callable[[], Any], device: Any = None) -> int:
+    """Bytes CUDA's caching allocator reached while ``call()`` ran, above what it held before.
+
+    ``torch.cuda.max_memory_allocated`` read around the call, after resetting
+    the peak (CUDA keeps one peak per device, so your own peak reading is
+    reset too: read it before). Only ``device``'s memory is seen (the current
+    GPU by default), never the CPU's. Raises ``RuntimeError`` where torch
+    sees no GPU.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("ddplab.memory.cuda_peak: torch sees no CUDA GPU here. "
+                           "memory.saved_bytes counts activations on any machine.")
+    # The allocator counts a tensor when the CPU queues the kernel that makes it,
+    # so the counters are complete as soon as call() returns: no synchronize needed.
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    call()
+    return torch.cuda.max_memory_allocated(device) - before
 
 
 def deep_mlp(depth: int = 4, width: int = 128, seed: int = 0, dtype: Any = None):

@@ -41,6 +41,35 @@ def test_saved_bytes_counts_activations_once_and_not_parameters():
     assert memory.saved_bytes(lambda: model(x).sum(), model) == 4 * (3 * 64 + 3 * 8 + 2 * (3 * 32 + 3 * 8))
 
 
+def test_cuda_peak_on_a_machine_without_a_gpu_says_what_works_instead():
+    import torch
+
+    from ddplab import memory
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: test_cuda_peak_holds_at_least_the_saved_activations runs")
+    with pytest.raises(RuntimeError, match="sees no CUDA GPU here. memory.saved_bytes counts"):
+        memory.cuda_peak(lambda: None)
+
+
+@pytest.mark.gpu
+def test_cuda_peak_holds_at_least_the_saved_activations():
+    import torch
+
+    from ddplab import memory
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = memory.deep_mlp(depth=4, width=256).cuda()
+    x = torch.rand(512, 1, 8, 8, device="cuda")
+    saved = memory.saved_bytes(lambda: model(x).sum(), model)
+    peak = memory.cuda_peak(lambda: model(x).sum())
+    # the activations (less the batch, allocated before the call, which saved_bytes counts
+    # as the first layer's input), plus the output and the temporaries; not the parameters
+    batch = x.numel() * x.element_size()
+    assert saved - batch <= peak < saved + 8 * 2**20, (saved, peak)
+
+
 # ----------------------------------------------------------- checkpoint_blocks
 CKPT = IMPORTS + """
 def ckpt_forward(model, x):

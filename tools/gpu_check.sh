@@ -98,16 +98,112 @@ def total():
     t = torch.full((4,), float(dist.get_rank() + 1), device="cuda")
     dist.all_reduce(t)
     return dist.get_backend(), str(t.device), t.tolist()
+def when_all_reduce_returns():
+    # notebook 05's claim: on nccl the call returns once the work is queued, before the GPU did it
+    import time, torch, torch.distributed as dist
+    t = torch.ones(64 * 2**20, device="cuda")           # 256 MB of float32
+    dist.all_reduce(t); torch.cuda.synchronize()
+    begin = time.perf_counter(); dist.all_reduce(t); returned = time.perf_counter() - begin
+    torch.cuda.synchronize(); finished = time.perf_counter() - begin
+    return f"all_reduce of 256 MB returned after {returned * 1e3:.3f} ms, done after {finished * 1e3:.3f} ms"
 with ddplab.start(world_size=int(sys.argv[1]), backend="nccl", timeout=60) as lab:
     print(lab.backend_reason)
     for rank, got in enumerate(lab.run(total)):
         print(f"rank {rank}: {got}")
+    for rank, got in enumerate(lab.run(when_all_reduce_returns)):
+        print(f"rank {rank}: {got}")
+PY
+
+# Two ranks on one GPU: ddplab's own refusal, then what nccl itself says (torch alone, no
+# ddplab), then the same through lab.spawn, as a student's own init_process_group meets it.
+[ "$gpus" -eq 1 ] && step shared_gpu 90 "$py" - <<'PY'
+import os, subprocess, sys, textwrap
+import ddplab
+from ddplab.env import free_port
+try:
+    ddplab.start(world_size=2, backend="nccl")
+    print("ddplab.start(world_size=2, backend='nccl') on 1 GPU: STARTED (expected a refusal)")
+except Exception as exc:
+    print(f"ddplab.start refused: {type(exc).__name__}: {exc}")
+prog = textwrap.dedent("""
+    import os, torch, torch.distributed as dist
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    t = torch.full((4,), rank + 1.0, device="cuda")
+    dist.all_reduce(t); torch.cuda.synchronize()
+    print(f"rank {rank}: all_reduce on cuda:0 gave {t.tolist()}", flush=True)
+    dist.destroy_process_group()
+""")
+port = str(free_port())
+procs = [subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2",
+                                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+         for r in range(2)]
+for r, p in enumerate(procs):
+    try:
+        out, _ = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill(); out, _ = p.communicate()
+        out += "\n(no answer in 30 s: killed)"
+    lines = [l for l in out.splitlines() if l.strip()]
+    print(f"torch alone, rank {r}, exit {p.returncode}:", *lines[-8:], sep="\n  ")
+def own_group(rank):
+    import torch, torch.distributed as dist
+    dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    t = torch.ones(4, device="cuda"); dist.all_reduce(t); torch.cuda.synchronize()
+    dist.destroy_process_group()
+    return t.tolist()
+with ddplab.start(world_size=2, timeout=30) as lab:
+    try:
+        print("lab.spawn:", lab.spawn(own_group, limit=60))
+    except Exception as exc:
+        print(f"lab.spawn: {type(exc).__name__}: {str(exc)[-1500:]}")
+PY
+
+# Notebook 09's NCCL lines against what torch prints: a collective queued behind 12 s of GPU
+# work in a group with a 3 s timeout, as torch's watchdog meets it by default, with
+# TORCH_NCCL_BLOCKING_WAIT=1, and with the flight recorder's dump on timeout.
+step nccl_watchdog 120 "$py" - <<'PY'
+import glob, os, subprocess, sys, tempfile, textwrap
+from ddplab.env import free_port
+prog = textwrap.dedent("""
+    import datetime, time, torch, torch.distributed as dist
+    dist.init_process_group("nccl", rank=0, world_size=1, timeout=datetime.timedelta(seconds=3),
+                            device_id=torch.device("cuda", 0))
+    t = torch.ones(4, device="cuda")
+    dist.all_reduce(t); torch.cuda.synchronize()
+    torch.cuda._sleep(int(2.4e10))            # ~12 s of GPU work on the current stream
+    begin = time.perf_counter()
+    try:
+        dist.all_reduce(t)                    # queued behind it
+        print(f"all_reduce returned after {time.perf_counter() - begin:.3f} s", flush=True)
+        torch.cuda.synchronize()
+        print(f"synchronize returned after {time.perf_counter() - begin:.1f} s", flush=True)
+    except Exception as exc:
+        print(f"raised after {time.perf_counter() - begin:.1f} s: {type(exc).__name__}: {exc}"[:600], flush=True)
+    time.sleep(10)
+    print("still alive 10 s later", flush=True)
+""")
+keys = ("atchdog", "imeout", "abort", "Abort", "dump", "Dump", "flight", "raised", "returned", "alive",
+        "taking the entire process down", "Heartbeat", "heartbeat")
+dumps = tempfile.mkdtemp()
+for name, extra in (("default", {}), ("TORCH_NCCL_BLOCKING_WAIT=1", {"TORCH_NCCL_BLOCKING_WAIT": "1"}),
+                    ("dump on timeout", {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_BUFFER_SIZE": "2000",
+                                         "TORCH_FR_DUMP_TEMP_FILE": dumps + "/fr_rank_"})):
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **extra}
+    try:
+        done = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env, timeout=35)
+        out, rc = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        out, rc = (exc.stdout or b"").decode() + (exc.stderr or b"").decode(), "none: killed at 35 s"
+    print(f"--- {name}: exit {rc}")
+    for line in out.splitlines():
+        if any(k in line for k in keys):
+            print("  ", line[:400])
+print("dump files:", sorted(os.path.basename(f) + f" ({os.path.getsize(f)} B)" for f in glob.glob(dumps + "/*")))
 PY
 step bench_nccl 60 "$py" -m ddplab.bench --backend nccl --world-sizes "$ranks" \
     --sizes 1M 64M --collectives all_reduce --repeats 3
-
-# Training throughput through the lab against torchrun, on the GPUs.
-step bench_train 90 "$py" benchmarks/bench_train.py --repeat 1 --epochs 2 --ranks 1 "$ranks"
 
 # The memory helpers beside CUDA's own counters, for one small model.
 step memory 30 "$py" - <<'PY'
@@ -123,7 +219,15 @@ before = torch.cuda.memory_allocated()
 print("ddplab.memory.breakdown:", memory.breakdown(model, optimizer, x))
 print("torch.cuda.memory_allocated before the forward:", before)
 print("torch.cuda.max_memory_allocated during it:", torch.cuda.max_memory_allocated())
+big = memory.deep_mlp(depth=4, width=256).cuda()
+batch = torch.rand(512, 1, 8, 8, device="cuda")
+saved = memory.saved_bytes(lambda: big(batch).sum(), big)
+peak = memory.cuda_peak(lambda: big(batch).sum())
+print(f"width 256, batch 512: saved_bytes {saved} B, cuda_peak {peak} B, ratio {peak / saved:.3f}")
 PY
+
+# Training throughput through the lab against torchrun, on the GPUs.
+step bench_train 90 "$py" benchmarks/bench_train.py --repeat 1 --epochs 2 --ranks 1 "$ranks"
 
 echo "gpu_check: report in $report"
 exit "$failed"
