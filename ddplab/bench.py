@@ -404,7 +404,12 @@ def _summary(results: list[Result], link: dict | None) -> None:
     """The ring against gloo's own all_reduce at the largest common size, and the α-β fit."""
     by_key = {(r.name, r.world_size, r.nbytes): r for r in results if r.collective == "all_reduce"}
     common = sorted({(p, m) for (name, p, m) in by_key
-                     if name == "ring" and ("dist.all_reduce", p, m) in by_key})
+                     if name == "ring" and p > 1 and ("dist.all_reduce", p, m) in by_key})
+    if not common:
+        # on 1 rank nothing crosses a link: busbw is 0 by definition, nothing to compare
+        print("\n1 rank: no bus bandwidth to compare (nothing crosses a link); "
+              "--world-sizes 2 or more for the ring against dist.all_reduce and the α-β fit")
+        return
     target = [(p, m) for p, m in common if m == 16 << 20] or common[-1:]
     for p, m in target:
         ring, own = by_key[("ring", p, m)], by_key[("dist.all_reduce", p, m)]

@@ -215,13 +215,13 @@ def choose_backend(requested: str, world_size: int, gpu_count: int) -> tuple[str
             raise ConfigError(
                 f"ddplab: backend='nccl' needs one GPU per rank, but this machine has {gpus} "
                 f"for world_size={world_size}. Use backend='gloo' (CPU) or backend='auto'.")
-        return "nccl", f"nccl as asked: {gpus} for {world_size} ranks, one GPU per rank"
+        return "nccl", f"nccl as asked: {gpus} for {world_size} {plural(world_size, 'rank')}, one GPU per rank"
     if requested == "gloo":
         return "gloo", "gloo as asked"
     if fits:
         return "nccl", f"nccl: this machine has {gpus}, enough for one GPU per rank"
     if gpu_count:
-        return "gloo", (f"gloo: this machine has {gpus} for {world_size} ranks; "
+        return "gloo", (f"gloo: this machine has {gpus} for {world_size} {plural(world_size, 'rank')}; "
                         f"nccl needs one GPU per rank")
     return "gloo", "gloo: this machine has no GPU"
 

@@ -118,6 +118,14 @@ def test_command_line_prints_a_table():
     assert "ring fit, per step" in out and "send/recv, rank 0 -> 1" in out
 
 
+def test_summary_on_one_rank_says_there_is_nothing_to_compare(capsys):
+    # a 1-GPU nccl run (issue 60's H200): busbw is 0 on 1 rank, and the ratio divided by it
+    results = [bench.Result("all_reduce", name, 1, size, 1e-5)
+               for name in ("dist.all_reduce", "ring") for size in (1 << 20, 64 << 20)]
+    bench._summary(results, None)
+    assert "1 rank: no bus bandwidth to compare (nothing crosses a link)" in capsys.readouterr().out
+
+
 def test_command_line_takes_the_backend_and_nccl_without_gpus_names_the_fix():
     """tools/gpu_check.sh times nccl with --backend nccl; here, with no GPU, ddplab.start refuses."""
     done = subprocess.run([sys.executable, "-m", "ddplab.bench", "--backend", "nccl", "--world-sizes",

@@ -249,3 +249,27 @@ def test_a_rank_is_busy_in_its_own_code_when_its_innermost_frame_is_the_users(in
     stack = f'    File "<rank cell 1>", line 4, in <module>\n    {innermost}\n'
     assert diagnose.busy_in_own_code(stack) is busy
     assert diagnose.busy_in_own_code("") is False
+
+
+def test_a_call_from_a_thread_with_no_python_stack_finds_the_main_threads_line():
+    """A GPU's backward runs on autograd's device thread, which starts in C++: the recorder
+    asks for 3 frames up a stack that has fewer (it raised ValueError on an H200, issue 60)."""
+    import _thread
+    import threading
+
+    from ddplab.rank.recorder import CallRecorder
+
+    recorder = CallRecorder()
+    answers: list = []
+    done = threading.Event()
+
+    def shallow() -> None:            # the thread's only Python frame, as a C++ thread's callback
+        try:
+            answers.append(recorder.where(3))
+        except BaseException as exc:  # noqa: B036  shown by the assertion below
+            answers.append(exc)
+        done.set()
+
+    _thread.start_new_thread(shallow, ())
+    assert done.wait(30)
+    assert isinstance(answers[0], tuple), answers[0]

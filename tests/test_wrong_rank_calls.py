@@ -55,3 +55,23 @@ def test_a_rank_receiving_from_itself_is_told_so(fresh_lab):
                            "dist.recv(torch.zeros(1), src=rank)\n", ranks=[0], timeout=20)
     assert "sent to or received from itself" in str(raised.value)
     assert fresh_lab.healthy
+
+
+# What torch 2.11 (NCCL 2.28.9) raised on an H200 when two ranks of one group took cuda:0
+# (tools/gpu_check.sh's shared_gpu step, issue 60), raised here by hand: this machine has no GPU.
+NCCL_SHARED_GPU = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage "
+                   "(run with NCCL_DEBUG=WARN for details), NCCL version 2.28.9\\n"
+                   "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\\n"
+                   "Last error:\\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 60")
+
+
+def test_two_ranks_on_one_gpu_under_nccl_are_told_to_take_one_each_or_use_gloo(fresh_lab):
+    with pytest.raises(RankError) as raised:
+        fresh_lab.run_cell("import torch.distributed as dist\n"
+                           f"raise dist.DistBackendError('{NCCL_SHARED_GPU}')\n", timeout=20)
+    message = str(raised.value)
+    assert "Duplicate GPU detected" in message                   # nccl's own words stay
+    assert "two ranks of this group are on one GPU, and nccl needs a GPU of its own" in message
+    assert "This machine has 0 GPUs for 2 ranks" in message
+    assert "device_id=torch.device('cuda', local_rank)" in message and "'gloo'" in message
+    assert fresh_lab.healthy

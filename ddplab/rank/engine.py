@@ -26,6 +26,7 @@ import traceback
 from typing import Any, Callable
 
 from ..env import TORCHRUN_VARIABLES
+from ..text import plural
 from . import awaiting, debugger, flight, output
 from .where import CELL_FILENAME  # "<rank cell 3>": ``where`` owns the spelling
 
@@ -192,7 +193,7 @@ def _format_error(exc: BaseException, keep: Callable[[str], bool]) -> str:
         tb, frames = tb.tb_next, frames[1:]
     from .owngroup import explain  # why there is no default group, if the lab's was destroyed
     return relative_to_site_packages("".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
-                                     + explain(exc) + _self_pair_hint(exc))
+                                     + explain(exc) + _self_pair_hint(exc) + _shared_gpu_hint(exc))
 
 
 def _self_pair_hint(exc: BaseException) -> str:
@@ -202,6 +203,20 @@ def _self_pair_hint(exc: BaseException) -> str:
     return ("\nddplab: this rank sent to or received from itself (a src or dst equal to its own rank): "
             "gloo keeps no connection from a rank to itself. Its own data is already here; name "
             "another rank, e.g. (rank + 1) % world_size.")
+
+
+def _shared_gpu_hint(exc: BaseException) -> str:
+    """nccl's words when two ranks of one group use the same GPU (seen on an H200, NCCL 2.28)."""
+    if "Duplicate GPU detected" not in str(exc):
+        return ""
+    import torch
+    gpus = torch.cuda.device_count()
+    world = os.environ.get("WORLD_SIZE", "?")
+    return (f"\nddplab: two ranks of this group are on one GPU, and nccl needs a GPU of its own for "
+            f"each rank. This machine has {gpus} {plural(gpus, 'GPU')} for {world} ranks. Where there "
+            f"are enough, give each rank its own: device_id=torch.device('cuda', local_rank) in "
+            f"init_process_group, and torch.cuda.set_device(local_rank). Otherwise use the 'gloo' "
+            f"backend, which lets ranks share a GPU or use the CPU.")
 
 
 def relative_to_site_packages(text: str) -> str:

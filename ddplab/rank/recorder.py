@@ -133,7 +133,12 @@ class CallRecorder:
         The second is for the dispatcher layer: an op issued inside ``isend`` (or
         ``batch_isend_irecv``, ``monitored_barrier``) is the rank's own call, not torch's.
         """
-        site, call = self.live.site(self.frame(depth))
+        try:
+            site, call = self.live.site(self.frame(depth))
+        except ValueError:
+            # autograd's device thread (backward on a GPU) starts in C++: a stack of
+            # fewer than ``depth`` Python frames, none of them the user's
+            site, call = None, None
         if site is None and threading.get_ident() != self.main:
             # DDP's backward on a GPU runs on autograd's own thread: the line
             # that started it is on the main thread.
