@@ -215,7 +215,8 @@ def choose_backend(requested: str, world_size: int, gpu_count: int) -> tuple[str
             raise ConfigError(
                 f"ddplab: backend='nccl' needs one GPU per rank, but this machine has {gpus} "
                 f"for world_size={world_size}. Use backend='gloo' (CPU) or backend='auto'.")
-        return "nccl", f"nccl as asked: {gpus} for {world_size} {plural(world_size, 'rank')}, one GPU per rank"
+        ranks = f"{world_size} {plural(world_size, 'rank')}"
+        return "nccl", f"nccl as asked: {gpus} for {ranks}, one GPU per rank"
     if requested == "gloo":
         return "gloo", "gloo as asked"
     if fits:
