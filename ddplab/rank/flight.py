@@ -1,8 +1,9 @@
 """What collectives this rank issued, from torch's flight recorder, even while it is stuck.
 
 torch records each collective of every process group in a ring buffer (the
-"flight recorder") once ``TORCH_FR_BUFFER_SIZE`` is set before a group is
-made; on gloo as on nccl. Each record has the group, the collective's number on
+"flight recorder"), on gloo as on nccl: in torch 2.13 it is on by default with
+2,000 records, and ``TORCH_FR_BUFFER_SIZE``, read when the first group is
+made, sets the size (0 turns it off). Each record has the group, the collective's number on
 that group (``collective_seq_id``, counted from 1), its op, its sizes, and
 whether it finished (``retired``). Two ranks in collective #3 of one group
 that recorded different ops or sizes disagree: a mismatch, not a slow rank.
@@ -46,7 +47,7 @@ _read = None
 
 
 def enable() -> None:
-    """Turn the recorder on for groups made from now on (unless the user set a size)."""
+    """Size the recorder (``BUFFER_SIZE``) before any group is made, unless the user set a size."""
     global _read
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", BUFFER_SIZE)
     try:
