@@ -8,9 +8,9 @@ and unpickled on the rank after that look (``engine.call_pickled``). Measured:
    loaded (k = 0, 10, 100, 300: a notebook's few; a project installed with
    ``pip install -e .``), nothing changed, files settled (mtime older than
    ``fresh.RACY_NS``) and just written (read again until they settle); one
-   edited module (its reload); and the first import of k modules, compiled from
-   the source as ``fresh._Loader`` does against Python's loader with a
-   ``.pyc`` at hand.
+   edited module (its reload); and the first import of a module through
+   ``fresh._Loader``, compiled or from a settled ``.pyc``, against Python's
+   loader with the same ``.pyc``.
 2. The round trip of an empty call on the ranks, side by side and alternately:
    raw ipyparallel ``apply_sync``; ``engine.call`` through it (what ``lab.run``
    sent before, the function pickled by ipyparallel, nothing refreshed);
@@ -34,6 +34,21 @@ def _nothing() -> None:
     return None
 
 
+def _write(sub: str, names: list[str], settled: bool) -> None:
+    """Modules of ``MODULE``'s text; ``settled``: their mtime 10 s ago, each with a ``.pyc``."""
+    import os
+    import py_compile
+    os.makedirs(sub, exist_ok=True)
+    for name in names:
+        path = os.path.join(sub, f"{name}.py")
+        with open(path, "w") as f:
+            f.write(MODULE)
+        if settled:
+            old = time.time() - 10
+            os.utime(path, (old, old))
+            py_compile.compile(path)
+
+
 def refresh_costs(folder: str, counts: list[int], calls: int) -> dict:
     """On a rank: seconds per ``fresh.refresh`` for each count of loaded modules, and the rest."""
     import importlib
@@ -42,67 +57,52 @@ def refresh_costs(folder: str, counts: list[int], calls: int) -> dict:
 
     from ddplab.rank import engine, fresh
 
-    def write(sub: str, names: list[str], settled: bool) -> None:
-        os.makedirs(sub, exist_ok=True)
-        for name in names:
-            path = os.path.join(sub, f"{name}.py")
-            with open(path, "w") as f:
-                f.write(MODULE)
-            if settled:
-                old = time.time() - 10
-                os.utime(path, (old, old))
-
-    def per_call() -> float:
-        ns, path = engine.namespace(), list(sys.path)
-        fresh.refresh(ns, path)
-        began = time.perf_counter()
-        for _ in range(calls):
-            fresh.refresh(ns, path)
-        return (time.perf_counter() - began) / calls
-
+    ns = engine.namespace()
     out: dict = {"settled": {}, "just written": {}}
     for settled in (True, False):
         for k in counts:
             tag = f"{'s' if settled else 'w'}{k}_{os.getpid()}"
-            sub = os.path.join(folder, tag)
-            names = [f"bench_{tag}_{i}" for i in range(k)]
-            write(sub, names, settled)
+            sub, names = os.path.join(folder, tag), [f"bench_{tag}_{i}" for i in range(k)]
+            _write(sub, names, settled)
             sys.path.insert(0, sub)
             for name in names:
                 importlib.import_module(name)
-            out["settled" if settled else "just written"][k] = per_call()
+            fresh.refresh(ns, list(sys.path))
+            began = time.perf_counter()
+            for _ in range(calls):
+                fresh.refresh(ns, list(sys.path))
+            out["settled" if settled else "just written"][k] = (time.perf_counter() - began) / calls
+            if names and not settled and k == counts[-1]:        # one edited module: its reload
+                with open(sys.modules[names[0]].__file__, "a") as f:
+                    f.write("VALUE = 2\n")
+                began = time.perf_counter()
+                fresh.refresh(ns, list(sys.path))
+                out["reload of one module"] = time.perf_counter() - began
+                assert sys.modules[names[0]].VALUE == 2
             sys.path.remove(sub)
-    name = names[0]                                    # one edited module: its reload
-    with open(sys.modules[name].__file__, "a") as f:
-        f.write("VALUE = 2\n")
-    began = time.perf_counter()
-    fresh.refresh(engine.namespace(), list(sys.path))
-    out["reload of one module"] = time.perf_counter() - began
-    assert sys.modules[name].VALUE == 2
+            for name in names:
+                del sys.modules[name]                 # the next count is measured alone
     out["first import, per module"] = first_imports(folder, max(counts))
     return out
 
 
 def first_imports(folder: str, k: int) -> dict[str, float]:
-    """Seconds per first import of a module: from the source (``fresh``) and from a ``.pyc``."""
+    """Seconds per first import of a module through ``fresh._Loader`` (compiled; from a
+    settled ``.pyc``) and through Python's loader with the same ``.pyc``."""
     import importlib
     import os
-    import py_compile
     import sys
 
     from ddplab.rank import fresh
 
     found: dict[str, float] = {}
-    for how in ("source, fresh._Loader", ".pyc, Python's loader"):
-        sub = os.path.join(folder, f"first_{len(found)}_{os.getpid()}")
-        os.makedirs(sub)
-        names = [f"bench_first_{len(found)}_{os.getpid()}_{i}" for i in range(k)]
-        for name in names:
-            with open(os.path.join(sub, f"{name}.py"), "w") as f:
-                f.write(MODULE)
-            py_compile.compile(os.path.join(sub, f"{name}.py"))
+    for how in ("fresh._Loader, compiled", "fresh._Loader, a settled .pyc",
+                "Python's loader, a .pyc"):
+        tag = f"first{len(found)}_{os.getpid()}"
+        sub, names = os.path.join(folder, tag), [f"bench_{tag}_{i}" for i in range(k)]
+        _write(sub, names, settled="pyc" in how)
         finders = list(sys.meta_path)
-        if how.startswith(".pyc"):          # this rank's meta_path without fresh's finder
+        if how.startswith("Python"):          # this rank's meta_path without fresh's finder
             sys.meta_path[:] = [f for f in finders if type(f).__module__ != fresh.__name__]
         sys.path.insert(0, sub)
         importlib.invalidate_caches()
@@ -112,6 +112,8 @@ def first_imports(folder: str, k: int) -> dict[str, float]:
         found[how] = (time.perf_counter() - began) / k
         sys.path.remove(sub)
         sys.meta_path[:] = finders
+        for name in names:
+            del sys.modules[name]
     return found
 
 
@@ -151,19 +153,20 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.1f}")
     with ddplab.start(world_size=args.world_size, backend="gloo") as lab, \
             tempfile.TemporaryDirectory() as folder:
-        costs = lab.run(refresh_costs, folder, [0, 10, 100, 300], 200, ranks=[0])[0]
-        print("on a rank, one refresh with k of the user's modules loaded, nothing changed:")
-        for kind in ("settled", "just written"):
-            print(f"  {kind:13}" + "".join(f"  k={k}: {s * 1e6:8.1f} us"
-                                          for k, s in costs[kind].items()))
-        print(f"  reload of one edited module (and rebinding): {costs['reload of one module'] * 1e3:.2f} ms")
-        for how, s in costs["first import, per module"].items():
-            print(f"  first import of a {len(MODULE)}-byte module, {how}: {s * 1e6:.0f} us")
         print(f"round trip of an empty call on {args.world_size} ranks (median of {args.calls}, in turn):")
         trips = round_trips(lab, args.calls)
         raw = trips["raw ipyparallel apply_sync"]
         for name, s in trips.items():
             print(f"  {name:36} {s * 1e3:7.2f} ms  {s / raw:5.2f}x raw")
+        costs = lab.run(refresh_costs, folder, [0, 10, 100, 300], 200, ranks=[0])[0]
+        print("on a rank, one refresh with k of the user's modules loaded, nothing changed:")
+        for kind in ("settled", "just written"):
+            print(f"  {kind:13}" + "".join(f"  k={k}: {s * 1e6:8.1f} us"
+                                          for k, s in costs[kind].items()))
+        print(f"  reload of one edited module of 300 (and rebinding): "
+              f"{costs['reload of one module'] * 1e3:.2f} ms")
+        for how, s in costs["first import, per module"].items():
+            print(f"  first import of a {len(MODULE)}-byte module, {how}: {s * 1e6:.0f} us")
     print(f"load average {os.getloadavg()[0]:.1f}")
 
 

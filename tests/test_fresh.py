@@ -239,3 +239,17 @@ def test_rpc_with_a_ddp_subgroup_and_a_remote_module_runs_through_spawn(fresh_la
     assert all(len(t["losses"]) == hybrid_rpc.STEPS for t in (first, second))
     assert fresh_lab4.run(lambda: __import__("torch.distributed").distributed.get_world_size()) \
         == [4] * 4                                                       # the lab's group is back
+
+
+def test_run_script_twice_with_its_own_modules_edited_between(fresh_lab, tmp_path, capsys):
+    """The script's folder is on the path only while it runs: its modules, edited after a run,
+    are left to ``run_script``, which imports them afresh (a sibling importing a sibling too)."""
+    (tmp_path / "helpers.py").write_text("WHO = 'helpers'\n")
+    (tmp_path / "model.py").write_text("from helpers import WHO\nNAME = 'first ' + WHO\n")
+    script = tmp_path / "train.py"
+    script.write_text("import model\nprint('model is', model.NAME)\n")
+    fresh_lab.run_script(str(script))
+    (tmp_path / "model.py").write_text("from helpers import WHO\nNAME = 'second, edited, ' + WHO\n")
+    fresh_lab.run_script(str(script))
+    lines = [line for line in printed(capsys).splitlines() if line.startswith("model is")]
+    assert lines == ["model is first helpers"] * 2 + ["model is second, edited, helpers"] * 2, lines

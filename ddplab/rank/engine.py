@@ -323,22 +323,7 @@ def call(fn: Callable, args: tuple, kwargs: dict,
     ``sources``: the lines of files only the kernel has (a function defined in
     a notebook cell), for pdb's ``l`` and tracebacks here.
     """
-    for filename, lines in (sources or {}).items():
-        linecache.cache[filename] = (sum(map(len, lines)), None, list(lines), filename)
-    recorder = output.OutputRecorder()
-    value, error = None, None
-    with output.capture(recorder):
-        try:
-            value = fn(*args, **kwargs)
-        except BaseException as exc:
-            error = _failed(exc, _is_user_code) + _name_hint(exc)
-        finally:
-            debugger.end()
-    if error is None:
-        # Checked here, where the rank is known: ipyparallel's own failure to send
-        # the value back names an engine id and a bare TypeError.
-        value, error = _sendable(value)
-    return {"ok": error is None, "events": recorder.events, "error": error, "value": value}
+    return _call(lambda: (fn, args, kwargs), sources)
 
 
 def call_pickled(pickled: bytes, own: tuple = (), sources: dict[str, list[str]] | None = None,
@@ -348,21 +333,42 @@ def call_pickled(pickled: bytes, own: tuple = (), sources: dict[str, list[str]] 
 
     The rank's modules are made fresh first (``fresh.refresh``, with the kernel's
     ``sys.path``), then the job is unpickled: a function of the user's own module,
-    sent by name, is the one the fresh module holds. See ``run_cell`` for the rest.
+    sent by name, is the one the fresh module holds. See ``call`` for the rest.
     """
     import pickle
+
+    def load() -> tuple[Callable, tuple, dict]:
+        fresh.refresh(namespace(), kernel_path)
+        fn, common, kwargs = pickle.loads(pickled)
+        return fn, (*common, *own), kwargs
+    return _call(load, sources)
+
+
+def _call(load: Callable[[], tuple[Callable, tuple, dict]],
+          sources: dict[str, list[str]] | None) -> dict:
+    """``fn(*args, **kwargs)`` from ``load()``, both with the output recorded (what a module prints
+    as it loads is the job's too); the dict ``call`` returns."""
+    for filename, lines in (sources or {}).items():
+        linecache.cache[filename] = (sum(map(len, lines)), None, list(lines), filename)
     recorder = output.OutputRecorder()
-    error = None
-    with output.capture(recorder):            # what a module prints as it loads is the job's
+    value, error = None, None
+    with output.capture(recorder):
         try:
-            fresh.refresh(namespace(), kernel_path)
-            fn, common, kwargs = pickle.loads(pickled)
-        except BaseException as exc:
+            fn, args, kwargs = load()
+        except BaseException as exc:       # a module that failed to load, a name the file lacks
             error = _failed(exc, _is_user_code) + fresh.explain(exc)
-    if error is not None:
-        return {"ok": False, "events": recorder.events, "error": error, "value": None}
-    result = call(fn, (*common, *own), kwargs, sources)
-    return {**result, "events": recorder.events + result["events"]}
+        else:
+            try:
+                value = fn(*args, **kwargs)
+            except BaseException as exc:
+                error = _failed(exc, _is_user_code) + _name_hint(exc)
+            finally:
+                debugger.end()
+    if error is None:
+        # Checked here, where the rank is known: ipyparallel's own failure to send
+        # the value back names an engine id and a bare TypeError.
+        value, error = _sendable(value)
+    return {"ok": error is None, "events": recorder.events, "error": error, "value": value}
 
 
 def _is_user_code(filename: str) -> bool:

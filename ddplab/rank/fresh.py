@@ -22,9 +22,9 @@ torchrun's) would import the file as it is now. The rule, for every job
 
 What counts as the user's own: a module loaded from a ``.py`` file outside the
 standard library, site-packages and ddplab (``users``). ``_Finder`` gives those
-the ``_Loader``, which compiles the text it reads and records what it read:
-never a cached ``.pyc``, because Python trusts a ``.pyc`` whose source has the
-same size and the same whole second of mtime, which a quick edit can keep.
+the ``_Loader``, which loads the text it reads and records what it read. Not a
+``.pyc`` Python alone would trust: one whose source has the same size and the
+same whole second of mtime, which a quick edit keeps (``_cached_code``).
 ``_changed`` compares a file's stat with the record (microseconds a module) and
 reads the text only when the stat moved or was too fresh to trust (a file
 written in the same clock tick as it was read may change again without its
@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
+import importlib.util
 import logging
+import marshal
 import os
 import re
 import site
@@ -104,14 +106,49 @@ def _read(path: str) -> tuple[bytes, _Read]:
     return data, _Read(path, stat.st_mtime_ns, stat.st_size, hash(data), now)
 
 
+def _header(read: _Read) -> bytes:
+    """A timestamp ``.pyc``'s 16-byte header for this text, as Python writes it (PEP 552)."""
+    return (importlib.util.MAGIC_NUMBER + bytes(4)
+            + (read.mtime_ns // 10**9 & 0xFFFFFFFF).to_bytes(4, "little")
+            + (read.size & 0xFFFFFFFF).to_bytes(4, "little"))
+
+
+def _cached_code(path: str, read: _Read) -> types.CodeType | None:
+    """The code in the file's ``.pyc`` if it was surely compiled from this text, else None.
+
+    Python trusts a ``.pyc`` whose header names the source's size and whole second
+    of mtime, which an edit within that second keeps. Here the ``.pyc`` must also
+    have been written ``RACY_NS`` after the source last changed, so compiled from
+    the text as it is now (a compile that took that long aside).
+    """
+    try:
+        cached = importlib.util.cache_from_source(path)
+        if os.stat(cached).st_mtime_ns < read.mtime_ns + RACY_NS:
+            return None
+        with open(cached, "rb") as f:
+            data = f.read()
+        return marshal.loads(data[16:]) if data[:16] == _header(read) else None
+    except (OSError, NotImplementedError, ValueError, EOFError, TypeError):
+        return None
+
+
 class _Loader(importlib.machinery.SourceFileLoader):
-    """Python's own loader for a source file, compiling the text it reads and recording it."""
+    """Python's own loader for a source file, loading the text it reads and recording it:
+    its ``.pyc`` where ``_cached_code`` trusts it, else compiled (and the ``.pyc`` written)."""
 
     def get_code(self, fullname: str) -> types.CodeType:
         path = self.get_filename(fullname)
         data, read = _read(path)
-        code = self.source_to_code(data, path)
-        _reads[fullname] = read             # only once it compiled: a broken edit is retried
+        code = _cached_code(path, read)
+        if code is None:
+            code = self.source_to_code(data, path)
+            if not sys.dont_write_bytecode:
+                try:
+                    self.set_data(importlib.util.cache_from_source(path),
+                                  _header(read) + marshal.dumps(code))
+                except NotImplementedError:          # no cache tag: no .pyc at all
+                    pass
+        _reads[fullname] = read             # only once it loaded: a broken edit is retried
         return code
 
 
@@ -183,7 +220,7 @@ def refresh(namespace: dict, kernel_path: list[str] | None = None) -> list[str]:
     if kernel_path is not None:
         follow_path(kernel_path)
     _forget_listings()
-    changed = [name for name in list(_reads) if _changed(name)]
+    changed = [name for name in list(_reads) if _changed(name) and _reachable(name)]
     if not changed:
         return []
     order = list(sys.modules)                 # imports first: a module before those it imports
@@ -225,6 +262,20 @@ def _changed(name: str) -> bool:
         return True
     _reads[name] = now                        # touched, not changed
     return False
+
+
+def _reachable(name: str) -> bool:
+    """Whether importing ``name`` now would load the file it was loaded from.
+
+    ``lab.run_script`` puts the script's folder on ``sys.path`` only while it runs:
+    the script's own modules, edited since, are not reloaded here (their imports of
+    each other would fail) but left to ``run_script``, which imports them afresh;
+    a module whose folder comes back on the path is reloaded then.
+    """
+    parent = name.rpartition(".")[0]
+    path = getattr(sys.modules.get(parent), "__path__", None) if parent else None
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    return spec is not None and spec.origin == _reads[name].file
 
 
 def _reload(module: types.ModuleType) -> dict[int, tuple[Any, Any]]:
