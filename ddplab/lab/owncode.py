@@ -93,7 +93,7 @@ def spawn(calls: Calls, fn: Callable, args: tuple, timeout: float,
         raise ConfigError("ddplab: lab.spawn(join=False) is not supported: lab.spawn waits for "
                           "the ranks and returns their results. Leave join out.")
     calls.ensure_usable()
-    pickled = shipping.pack("lab.spawn", owngroup.run_spawned, (fn, args))
+    pickled = shipping.pack("lab.spawn", owngroup.run_spawned, (fn, args), named=fn)
     host, port = _open_store(calls, timeout)
     run_id, path, lines = uuid.uuid4().hex[:12], shipping.kernel_path(), sources(fn)
     try:

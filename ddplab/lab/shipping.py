@@ -34,10 +34,12 @@ from typing import Callable
 from ..errors import ConfigError
 
 
-def pack(what: str, fn: Callable, common: tuple = (), kwargs: dict | None = None) -> bytes:
+def pack(what: str, fn: Callable, common: tuple = (), kwargs: dict | None = None,
+         named: Callable | None = None) -> bytes:
     """``(fn, common, kwargs)`` pickled once for every rank of a job (``engine.call_pickled``).
 
-    ``what`` names the call for the error: ``"lab.run"``, ``"lab.spawn"``, ...
+    ``what`` names the call for the error (``"lab.run"``, ``"lab.spawn"``, ...),
+    ``named`` the user's function in it (by default ``fn``).
     """
     from ipyparallel.serialize import serialize
     try:
@@ -46,7 +48,8 @@ def pack(what: str, fn: Callable, common: tuple = (), kwargs: dict | None = None
     except Exception as e:        # pickle's errors are TypeError, AttributeError, PicklingError...
         if "pickle" not in str(e).lower():
             raise
-        raise ConfigError(f"ddplab: {what} could not send {getattr(fn, '__name__', 'fn')} and its "
+        name = getattr(named or fn, "__name__", "fn")
+        raise ConfigError(f"ddplab: {what} could not send {name} and its "
                           f"arguments to the ranks ({e}). Pass plain data (numbers, strings, lists, "
                           f"dicts, tensors), not objects that hold open files, sockets, locks or "
                           f"threads; make those on the rank, inside the function.") from e
