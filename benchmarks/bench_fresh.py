@@ -142,6 +142,15 @@ def round_trips(lab, calls: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def packing(calls: int = 2000) -> float:
+    """Seconds per ``shipping.pack`` of an empty notebook function, with ``kernel_path``."""
+    from ddplab.lab import shipping
+    began = time.perf_counter()
+    for _ in range(calls):
+        shipping.pack("bench", _nothing), shipping.kernel_path()
+    return (time.perf_counter() - began) / calls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=2)
@@ -158,6 +167,7 @@ def main() -> None:
         raw = trips["raw ipyparallel apply_sync"]
         for name, s in trips.items():
             print(f"  {name:36} {s * 1e3:7.2f} ms  {s / raw:5.2f}x raw")
+        print(f"  of which in the kernel, shipping.pack and kernel_path: {packing() * 1e6:.0f} us")
         costs = lab.run(refresh_costs, folder, [0, 10, 100, 300], 200, ranks=[0])[0]
         print("on a rank, one refresh with k of the user's modules loaded, nothing changed:")
         for kind in ("settled", "just written"):
