@@ -131,6 +131,17 @@ def test_lab_run_of_a_function_the_file_no_longer_has_names_the_fix(fresh_lab, o
     assert "defines no gone" in message and f"importlib.reload({name})" in message, message
 
 
+def test_lab_run_of_a_module_the_ranks_cannot_import_says_why(fresh_lab, own):
+    """As under ``torch.multiprocessing.spawn``: the module travels by name, each rank imports it."""
+    name = write(own, "def f():\n    return 1\n")
+    module = importlib.import_module(name)
+    (own / f"{name}.py").unlink()                       # as on a host that lacks the file
+    with pytest.raises(ddplab.RankError) as info:
+        fresh_lab.run(module.f)
+    message = info.value.failures[1]
+    assert f"rank 1 cannot import {name}" in message and "travel by name" in message, message
+
+
 def test_a_module_the_kernel_found_after_the_lab_started_is_found_on_the_ranks(shell, fresh_lab,
                                                                                    tmp_path, capsys):
     """The ranks look where the kernel looks now, not only where it looked at ``ddplab.start``."""

@@ -22,9 +22,10 @@ torchrun's) would import the file as it is now. The rule, for every job
 
 What counts as the user's own: a module loaded from a ``.py`` file outside the
 standard library, site-packages and ddplab (``users``). ``_Finder`` gives those
-the ``_Loader``, which loads the text it reads and records what it read. Not a
-``.pyc`` Python alone would trust: one whose source has the same size and the
-same whole second of mtime, which a quick edit keeps (``_cached_code``).
+the ``_Loader``, which loads the text it reads and records what it read: from
+its ``.pyc`` only where that was surely compiled from this text
+(``_cached_code``; Python alone trusts a ``.pyc`` whose header names the
+source's size and whole second of mtime, which a quick edit keeps).
 ``_changed`` compares a file's stat with the record (microseconds a module) and
 reads the text only when the stat moved or was too fresh to trust (a file
 written in the same clock tick as it was read may change again without its
