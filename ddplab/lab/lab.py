@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator
 from ..env import check_timeout
 from ..errors import ConfigError
 from ..rank import engine
-from . import current_lab, owncode, template
+from . import current_lab, owncode, shipping, template
 from .calls import Calls, Task
 from .local import LocalRanks
 from .ranks import Joins, LabSpec, Ranks
@@ -275,16 +275,9 @@ class Lab:
             raise ConfigError("ddplab: lab.run was given the lab itself as an argument; the lab lives "
                               "in the notebook and cannot travel to the ranks. On a rank, use "
                               "torch.distributed (dist.get_rank(), dist.get_world_size()) instead.")
-        owncode.send_as_it_is_now(fn)
-        try:
-            tasks = self._calls.submit(chosen, engine.call, fn, args, kwargs, owncode.sources(fn))
-        except Exception as e:        # pickle's errors are TypeError, AttributeError, PicklingError...
-            if "pickle" not in str(e).lower():
-                raise
-            raise ConfigError(f"ddplab: lab.run could not send {getattr(fn, '__name__', 'fn')} and its "
-                              f"arguments to the ranks ({e}). Pass plain data (numbers, strings, lists, "
-                              f"dicts, tensors), not objects that hold open files, sockets, locks or "
-                              f"threads; make those on the rank, inside the function.") from e
+        pickled = shipping.pack("lab.run", fn, args, kwargs)
+        tasks = self._calls.submit(chosen, engine.call_pickled, pickled, (), owncode.sources(fn),
+                                   shipping.kernel_path())
         self._calls.finish(tasks, timeout, grace=None)
         values = {task.rank: task.outcome["value"] for task in tasks}
         return [values[r] for r in self.ranks] if ranks is None else values
@@ -304,16 +297,10 @@ class Lab:
         chosen = self.check_ranks(list(own))
         timeout = self._timeout(timeout)
         self.ensure_usable()
-        owncode.send_as_it_is_now(fn)
-        for arg in common:
-            if callable(arg):
-                owncode.send_as_it_is_now(arg)
-        # Pickled by the pickler ipyparallel uses in this process (cloudpickle in a kernel).
-        from ipyparallel.serialize import serialize
-        pickled = serialize.pickle.dumps((fn, common), serialize.PICKLE_PROTOCOL)
+        pickled, path = shipping.pack("lab.run_each", fn, common), shipping.kernel_path()
         tasks = [task for rank in chosen
                  for task in self._calls.submit([rank], engine.call_pickled, pickled, tuple(own[rank]),
-                                                owncode.sources(fn))]
+                                                owncode.sources(fn), path)]
         self._calls.finish(tasks, timeout, grace=None)
         return {task.rank: task.outcome["value"] for task in tasks}
 
@@ -330,7 +317,7 @@ class Lab:
         timeout = self._timeout(timeout)
         grace = None if grace is None else check_timeout(grace, "grace", example=2)
         self.ensure_usable()
-        tasks = self._calls.submit(chosen, engine.run_cell, source, pdb)
+        tasks = self._calls.submit(chosen, engine.run_cell, source, pdb, shipping.kernel_path())
         self._calls.finish(tasks, timeout, grace)
 
     def debug(self, rank: int | None = None, timeout: float | None = None) -> None:
