@@ -2,8 +2,14 @@
 sockets, devices and folders named like notebooks never opened, one graded copy per notebook per
 student, and every student is a row of the report. Who a student is: ddplab/grade/students.py."""
 
+import csv
+import json
 import os
+import re
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,7 +18,7 @@ import nbformat
 import pytest
 from conftest import tiny_course
 
-from ddplab.grade import class_run
+from ddplab.grade import class_run, report
 from ddplab.grade.handin import MAX_SUBMISSION_BYTES, handed_in, read_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +33,17 @@ def _notebook(path: Path, age: float = 0.0) -> Path:
     when = time.time() - age
     os.utime(path, (when, when))
     return path
+
+
+def _socket_at(path: Path) -> None:
+    """A Unix socket's file at ``path`` (bound from its folder: a socket's path must be short)."""
+    here = os.getcwd()
+    os.chdir(path.parent)
+    try:
+        with socket.socket(socket.AF_UNIX) as bound:
+            bound.bind(path.name)
+    finally:
+        os.chdir(here)
 
 
 def _rows(root: Path, **options) -> dict[tuple[str, str], tuple[str, str, tuple]]:
@@ -98,8 +115,9 @@ def test_a_second_copy_is_listed_with_the_newest_and_never_a_row_of_its_own(tmp_
     _notebook(root / "alice" / "ps1" / NAME, age=60)
     _notebook(root / "alice" / "ps1_late" / NAME)
     _notebook(root / "bob" / "ps1" / NAME)
-    assert _rows(root) == {("", "alice"): (f"alice/ps1_late/{NAME}", "", (f"alice/ps1/{NAME} (an older copy)",)),
-                           ("", "bob"): (f"bob/ps1/{NAME}", "", ())}
+    assert _rows(root) == {
+        ("", "alice"): (f"alice/ps1_late/{NAME}", "", (f"alice/ps1/{NAME} (an older copy)",)),
+        ("", "bob"): (f"bob/ps1/{NAME}", "", ())}
     # the same without a submitted folder reads as sections; --student-depth 1 says otherwise
     os.rename(root, tmp_path / "class")
     assert set(_rows(tmp_path / "class")) == {("alice", "ps1"), ("alice", "ps1_late"), ("bob", "ps1")}
@@ -123,18 +141,16 @@ def test_no_folder_a_student_makes_names_another_student(tmp_path):
     assert rows[("", "bob")] == (f"bob/{NAME}", "", ())
 
 
-def test_what_is_not_a_regular_file_is_refused_by_name_without_being_opened(tmp_path, monkeypatch):
+def test_what_is_not_a_regular_file_is_refused_by_name_without_being_opened(tmp_path):
     root = tmp_path / "class"
     _notebook(root / "alice" / NAME)
     (root / "trudy").mkdir()
     os.mkfifo(root / "trudy" / NAME)
     (root / "sam").mkdir()
-    monkeypatch.chdir(root / "sam")                # a socket's path is short: bind it relative
-    with socket.socket(socket.AF_UNIX) as bound:
-        bound.bind(NAME)
-        (root / "dan" / "06_build_all_reduce.ipynb").mkdir(parents=True)   # a folder named so
-        _notebook(root / "dan" / "06_build_all_reduce.ipynb" / NAME)        # never entered
-        rows = _rows(root)
+    _socket_at(root / "sam" / NAME)
+    (root / "dan" / "06_build_all_reduce.ipynb").mkdir(parents=True)   # a folder named so
+    _notebook(root / "dan" / "06_build_all_reduce.ipynb" / NAME)        # never entered
+    rows = _rows(root)
     assert rows[("", "alice")] == (f"alice/{NAME}", "", ())
     assert "is not a regular file (a FIFO)" in rows[("", "trudy")][1]
     assert "is not a regular file (a socket)" in rows[("", "sam")][1]
@@ -198,17 +214,63 @@ def test_nbgrader_assignment_folders_named_one_by_one_are_still_named_by_student
 def test_a_class_of_abuses_is_reported_row_by_row_and_nothing_opens_the_fifo(class_folder):
     rows = class_run.grade([class_folder], ROOT / "notebooks", jobs=2)
     assert [(row.student, Path(row.path).relative_to(class_folder).parts[1:]) for row in rows] == [
-        ("alice", (NAME,)), ("bob", ("ps1", NAME)), ("eve", (NAME,)), ("eve", ("zoe", NAME)),
+        ("alice", (NAME,)), ("bob", ("ps1", NAME)), ("eve", ("zoe", NAME)),
         ("mallory", (NAME,)), ("oscar", ()), ("trudy", (NAME,)), ("walter", (NAME,))]
     for row in rows:
-        refused = row.student not in ("alice", "bob") and row.path != str(class_folder / "eve" / NAME)
-        if refused:
-            assert row.error.startswith("not graded: ") and not row.marks, row
-        else:                       # graded: an empty notebook runs, and earns nothing
+        if row.student in ("alice", "bob", "eve"):     # graded: an empty notebook runs, earns nothing
             assert not row.error and row.marks and row.score == 0, row
-    errors = {Path(row.path).parent.name: row.error for row in rows}
-    assert "symbolic link" in errors["mallory"] and "FIFO" in errors["trudy"]
-    assert "32 MB" in errors["walter"] and "second" in errors["zoe"]
+        else:
+            assert row.error.startswith("not graded: ") and not row.marks, row
+    errors = {row.student: row.error for row in rows}
+    assert "symbolic link" in errors["mallory"] and "not a regular file (a FIFO)" in errors["trudy"]
+    assert "32 MB" in errors["walter"]
+    assert [row.copies for row in rows if row.student == "eve"] == [
+        [f"{class_folder / 'eve' / NAME} (an older copy)"]]
+
+
+def _grade_class(folder: Path, reference: Path, out: Path, limit: float):
+    """``ddplab grade`` on ``folder`` with CSV and Canvas files in ``out``: (wall seconds, result)."""
+    out.mkdir()
+    begin = time.monotonic()
+    try:
+        result = subprocess.run([sys.executable, "-m", "ddplab", "grade", str(folder), "--reference",
+                                 str(reference), "--csv", str(out / "g.csv"), "--canvas",
+                                 str(out / "c.csv")], capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"grading {folder} was still running after {limit:.0f} s (stalled): {e.stderr}")
+    return time.monotonic() - begin, result
+
+
+@pytest.mark.slow               # it grades: a kernel per class
+def test_a_fifo_a_socket_and_a_folder_named_like_a_notebook_never_delay_an_honest_student(tmp_path):
+    # issue 64: a FIFO handed in as 06_build_all_reduce.ipynb stalled the class (no result in 66 s)
+    reference, plain = tiny_course(tmp_path, "x = 1")               # mallory, honest: 1/1
+    bad = tmp_path / "bad"
+    shutil.copytree(plain, bad)
+    for who in ("trudy", "sam", "dan"):
+        (bad / who).mkdir()
+    os.mkfifo(bad / "trudy" / "loud.ipynb")
+    _socket_at(bad / "sam" / "loud.ipynb")
+    (bad / "dan" / "06_build_all_reduce.ipynb").mkdir()
+    took_plain, result = _grade_class(plain, reference, tmp_path / "plain-out", limit=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    took_bad, result = _grade_class(bad, reference, tmp_path / "bad-out", limit=4 * took_plain)
+    print(f"[fifo class] {took_bad:.1f} s with the FIFO, socket and folder; {took_plain:.1f} s without")
+    assert took_bad < 2 * took_plain, (took_bad, took_plain)
+    assert result.returncode == 1, result.stdout + result.stderr   # three not graded
+    rows = {row["student"]: row for row in csv.DictReader(open(tmp_path / "bad-out" / "g.csv"))}
+    assert rows["mallory"]["score"] == "1" and rows["mallory"]["error"] == ""
+    for who, name, kind in (("trudy", "loud", "a FIFO"), ("sam", "loud", "a socket"),
+                            ("dan", "06_build_all_reduce", "a folder")):
+        assert rows[who]["error"].startswith(f"not graded: {name}.ipynb is not a regular file "
+                                             f"({kind})"), rows[who]
+        assert re.search(rf"^{who} +error: not graded: {name}.ipynb is not a regular file \({kind}\)",
+                         result.stdout, re.M), result.stdout
+    canvas = {row["Student"]: row for row in csv.DictReader(open(tmp_path / "bad-out" / "c.csv"))}
+    assert canvas["mallory"]["loud"] == "1" and canvas["trudy"]["loud"] == "0"
+    gradescope = json.loads(report.to_gradescope(
+        [class_run.Grade("trudy", "loud", "t", error=rows["trudy"]["error"])]))
+    assert "not a regular file (a FIFO)" in gradescope["tests"][0]["output"]
 
 
 @pytest.mark.slow               # it grades: a kernel per submission

@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 from xml.etree import ElementTree as ET
@@ -167,3 +168,48 @@ def test_roster_and_student_depth_mistakes_stop_before_grading(tmp_path, capsys)
     assert main([*grade, "--canvas", str(tmp_path / "c.csv"), "--roster", str(tmp_path / "no.csv")]) == 2
     said = capsys.readouterr().err
     assert "cannot be read" in said and "Grades > Export" in said and not (tmp_path / "c.csv").exists()
+
+
+@pytest.mark.slow               # it grades: a kernel per submission
+def test_a_class_with_sections_and_a_late_copy_is_graded_by_student_in_every_export(tmp_path):
+    # issue 58: sec1/alice (passes) and sec1/bob (stub) were one student "sec1" with 0 points;
+    # sec1/alice and sec2/alice lost their names; alice/ps1 (passes) beside alice/ps1_late (stub)
+    # gave her 0 in Canvas and 1 of 2 in Gradescope; a folder "=cmd|calc" reached Canvas raw.
+    import os
+    import time
+
+    from ddplab.grade.class_run import grade
+
+    reference, submitted = tiny_course(tmp_path, "x = 1")
+    passing = (submitted / "mallory" / "loud.ipynb").read_text()
+    stub = passing.replace("x = 1", "raise NotImplementedError()")
+    hand_ins = {"sec1/alice": passing, "sec1/bob": stub, "sec2/alice": stub, "sec1/=cmd|calc": passing,
+                "sec2/carol/ps1": passing, "sec2/carol/ps1_late": stub}
+    for folder, text in hand_ins.items():
+        (tmp_path / "class" / folder).mkdir(parents=True)
+        (tmp_path / "class" / folder / "loud.ipynb").write_text(text)
+    earlier = time.time() - 60                               # ps1_late is the older copy here
+    os.utime(tmp_path / "class" / "sec2" / "carol" / "ps1_late" / "loud.ipynb", (earlier, earlier))
+    grades = grade([tmp_path / "class"], reference, jobs=3)
+    expected = [("sec1", "=cmd|calc", 1), ("sec1", "alice", 1), ("sec1", "bob", 0),
+                ("sec2", "alice", 0), ("sec2", "carol", 1)]         # carol: ps1, her newest
+    assert [(g.section, g.student, g.score) for g in grades] == expected
+    [carol] = [g for g in grades if g.student == "carol"]
+    assert carol.path.endswith("carol/ps1/loud.ipynb") and len(carol.copies) == 1
+
+    table = report.table(grades)
+    assert [line.split()[:3] for line in table.splitlines()[1:6]] == [
+        [f"{s}/{n}", "loud", f"{p}/1"] for s, n, p in expected]
+    assert re.search(r"^sec2/carol +loud: graded \S+/carol/ps1/loud.ipynb, the newest of 2 copies; "
+                     r"not graded: \S+/carol/ps1_late/loud.ipynb \(an older copy\)$", table, re.M), table
+    head, *rows = _csv(report.to_csv(grades))
+    assert [(r[head.index("section")], r[0], int(r[head.index("score")])) for r in rows] == [
+        ("sec1", "'=cmd|calc", 1), *expected[1:]]
+    canvas = _csv(report.to_canvas(grades))
+    assert [(r[4], r[0], r[3], int(r[5])) for r in canvas[2:]] == [
+        ("sec1", "'=cmd|calc", "'=cmd|calc", 1), *((s, n, n, p) for s, n, p in expected[1:])]
+    cases = list(ET.fromstring(report.to_junit(grades)).iter("testcase"))
+    assert [(c.get("classname"), c.find("failure") is None) for c in cases] == [
+        (f"loud.{s}/{n}", bool(p)) for s, n, p in expected]
+    results = json.loads(report.to_gradescope([carol]))
+    assert results["score"] == 1 and [t["name"] for t in results["tests"]] == ["loud: loud"]

@@ -313,7 +313,7 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
     except ValueError as e:
         return Grade(student, ref.stem, str(path), error=f"not graded: {e}",
                      marks=[Mark(ex.name, False, "not graded") for ex in found])
-    steps, problems = plan(submission, found)
+    steps, problems = plan(submission, found, reference)
     deadline = 300 + 3 * len(reference.cells) * cell_timeout
     sandboxed = not sandbox.unavailable_reason()
     run_as = None if sandboxed else run_as

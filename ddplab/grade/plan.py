@@ -136,8 +136,12 @@ def load_submission(text: str):
         raise ValueError(f"valid JSON but not a notebook ({str(e).splitlines()[0]})") from e
 
 
-def plan(submission, found: list[Exercise]) -> tuple[list[Step], dict[str, str]]:
-    """The steps to run for a submission, and per exercise what is structurally wrong with it."""
+def plan(submission, found: list[Exercise], reference=None) -> tuple[list[Step], dict[str, str]]:
+    """The steps to run for a submission, and per exercise what is structurally wrong with it.
+
+    ``reference``: the reference notebook; a submission that lost its ids and tags takes the
+    nbval tags (``raises-exception``, ``nbval-skip``) of the reference cell with its source.
+    """
     code = [c for c in submission.cells if c.cell_type == "code"]
     role: dict[int, tuple[str, Exercise]] = {}       # index in code -> (role, exercise)
     problems: dict[str, str] = {}
@@ -175,14 +179,17 @@ def plan(submission, found: list[Exercise]) -> tuple[list[Step], dict[str, str]]
                 del role[at]
                 problems[ex.name] = (f"check cell {check_id or ex.name} was moved above its "
                                      f"exercise cell {want}; keep it below")
+    tagged = ({_normal(c.source): c for c in reference.cells if c.cell_type == "code"}
+              if lost_ids and reference is not None else {})
     steps = []
     for i, cell in enumerate(code):
         kind, ex = role.get(i, ("other", None))
         source = ex.check.source if kind == "check" else cell.source
+        marked = tagged.get(_normal(cell.source), cell)
         steps.append(Step(source, kind, ex.name if ex else "", cell.get("id", ""),
                           ex.exercise.source if kind == "exercise" and ex.exercise else "",
-                          expect_error=_nbval_option(cell, "check_exception", "raises-exception"),
-                          skip=kind == "other" and _nbval_option(cell, "skip", "nbval-skip")))
+                          expect_error=_nbval_option(marked, "check_exception", "raises-exception"),
+                          skip=kind == "other" and _nbval_option(marked, "skip", "nbval-skip")))
     _put_back_deleted_checks(steps, found)
     return steps, problems
 
