@@ -25,7 +25,7 @@ def _bwrap_zombies(since: float) -> list[psutil.Process]:
     for proc in psutil.process_iter(["name", "status", "ppid", "create_time"]):
         info = proc.info
         if (info["name"] == "bwrap" and info["status"] == psutil.STATUS_ZOMBIE
-                and info["ppid"] in (os.getpid(), 1) and (info["create_time"] or 0) >= since - 1):
+                and info["ppid"] in (os.getpid(), 1) and (info["create_time"] or 0) >= since):
             found.append(proc)
     return found
 
