@@ -14,6 +14,7 @@ import psutil
 import pytest
 from conftest import tiny_course
 
+from ddplab import procs
 from ddplab.grade import class_run, sandbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]       # they grade: a kernel per submission
@@ -82,12 +83,11 @@ def test_a_grader_stopped_by_sigterm_leaves_no_work_folder_no_process_and_no_fal
         else:
             pytest.fail("the submission's kernel never started")
         family = psutil.Process(grader.pid).children(recursive=True)
-        grader.send_signal(signal.SIGTERM)
+        assert procs.send(grader, signal.SIGTERM)
         out, err = grader.communicate(timeout=60)
     finally:
-        if grader.poll() is None:
-            grader.kill()
-            grader.wait()
+        procs.end_tree(grader, grace=5)            # nothing, once it has ended by itself
+        grader.wait()
     assert grader.returncode == 128 + signal.SIGTERM, err
     assert set(scratch.glob("ddplab-grade-*")) - before == set(), "the work folder was left behind"
     _, alive = psutil.wait_procs(family, timeout=10)
