@@ -80,6 +80,16 @@ def _deadlocks(nb):
              "    dist.recv(token, src=left)\n    dist.send(token, dst=right)\nelse")
 
 
+def _stripped(nb) -> str:
+    """``nb`` as an editor that strips cell ids and tags saves it (nbformat 4.4, no ids)."""
+    data = json.loads(nbformat.writes(nb))
+    for cell in data["cells"]:
+        cell.pop("id", None)
+        cell["metadata"].pop("tags", None)
+    data["nbformat_minor"] = 4
+    return json.dumps(data)
+
+
 def submissions(reference):
     """Variant name -> (notebook or raw text, the exercises it must lose); slow ones first."""
     released = release_notebook(reference)
@@ -99,6 +109,8 @@ def submissions(reference):
                                "import os, tempfile\ntempfile.mkdtemp(prefix='ddplab-left-')\nos._exit(1)"))
     variant("mixed", ["ping-pong", "swap", "ring-token", "neighbour-exchange"], _mixed)
     variant("correct", [])
+    # the correct notebook again, its ids and tags stripped: it scored 0, "check cell was deleted"
+    out["stripped"] = (_stripped(out["correct"][0]), set())
     out["stubs"] = (released, set(EXERCISES))
     out["not_json"] = ('{"cells": [{"cell_type": "code", "source": "x = 1"', set(EXERCISES))
     return out
@@ -187,6 +199,10 @@ def test_table_csv_and_junit_say_the_same(graded):
 
     suite = ET.fromstring(report.to_junit(grades)).find("testsuite")
     assert suite.get("name") == "01_point_to_point"
+    # each exercise its own time, as its cells took (it was the notebook's time shared equally)
+    times = [float(c.get("time")) for c in suite.iter("testcase")
+             if c.get("classname") == "01_point_to_point.correct"]
+    assert len(set(times)) > 1 and sum(times) <= graded[0]["correct"].seconds, times
     failed = {(c.get("classname"), c.get("name")) for c in suite.iter("testcase")
               if c.find("failure") is not None}
     assert ("01_point_to_point.deadlock", "swap") in failed

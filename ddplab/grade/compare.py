@@ -91,6 +91,8 @@ class Mark:
     exercise: str
     passed: bool
     reason: str = ""
+    #: How long its exercise and check cells ran, in seconds (JUnit's time per test case).
+    seconds: float = 0.0
 
 
 def score(steps: list[Step], found: list[Exercise], problems: dict[str, str],
@@ -114,7 +116,8 @@ def score(steps: list[Step], found: list[Exercise], problems: dict[str, str],
             # A set-up cell that timed out leaves the kernel without `ddplab`:
             # say that, not only the NameError it caused.
             why = f"{describe(broke)}: {broke.error}, so the cells after it ran without it; {why}"
-        marks.append(Mark(ex.name, not why, why))
+        spent = check.seconds + (exercise.seconds if exercise is not None else 0.0)
+        marks.append(Mark(ex.name, not why, why, spent))
     return marks
 
 

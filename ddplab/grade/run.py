@@ -34,6 +34,7 @@ import json
 import logging
 import re
 import secrets
+import time
 
 import nbformat
 
@@ -152,7 +153,7 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = 
             if step.skip:
                 step.status = "ok"
                 continue
-            broke = False
+            broke, began = False, time.monotonic()
             if step.role == "check" and witnessed and witness.witnessable(step.source):
                 broke = _witness(kernel, step, cwd, cell_timeout)
             elif step.role == "check":
@@ -165,6 +166,7 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = 
                                   "with, or it never finished")
             else:
                 step.status, step.outputs, step.error = kernel.run(step.source)
+            step.seconds = time.monotonic() - began
             if step.status != "ok" and step.role in ("exercise", "check"):
                 failed.add(step.name)
             if step.status == "error" and step.expect_error and step.role == "other":

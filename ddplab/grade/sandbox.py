@@ -73,7 +73,8 @@ def unavailable_reason() -> str:
                 "apt-get install bubblewrap (tools/ensure_sandbox.sh)")
     from .. import procs
     try:
-        probe = procs.run([wrap(["/bin/true"], scratch=None, bwrap=bwrap)], timeout=30)
+        with procs.adopting():          # the probe's sandbox leaves an orphan too: reaped here
+            probe = procs.run([wrap(["/bin/true"], scratch=None, bwrap=bwrap)], timeout=30)
     except OSError as e:
         return f"bwrap cannot start here ({e})"
     if not probe.ok:

@@ -42,6 +42,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -84,7 +85,8 @@ class Results:
     exits: dict[int, Exit] = field(default_factory=dict)
     timed_out: bool = False
     #: Why the wait stopped before every command ended by itself: ``"timeout"`` (a plain
-    #: timeout), ``"stalled"`` (no progress for a whole timeout), ``"limit"``; "" otherwise.
+    #: timeout), ``"stalled"`` (no progress for a whole timeout), ``"limit"``, ``"cancelled"``;
+    #: "" otherwise.
     stopped: str = ""
 
     def __getitem__(self, rank: int) -> Exit:
@@ -184,12 +186,14 @@ class Group:
 
     def wait(self, timeout: float | None, settle: float = 0.0,
              grace: float = END_GRACE_S, *, progress: bool = False,
-             limit: float | None = None) -> Results:
+             limit: float | None = None, cancel: threading.Event | None = None) -> Results:
         """Wait as the module docstring says, then ``close(grace)``; the results by rank.
 
         ``progress``: ``timeout`` ends the wait only after a whole timeout without progress
         (no output from any command, less than ``BUSY_SHARE`` of a core used by the tree);
-        ``limit``: seconds after which the wait ends whatever the job does (None: never).
+        ``limit``: seconds after which the wait ends whatever the job does (None: never);
+        ``cancel``: once set (by another thread: a grader told to stop), the wait ends and the
+        tree is ended, as at a timeout (``Results.stopped`` is ``"cancelled"``).
         """
         begin = time.monotonic()
         deadline = None if timeout is None else begin + timeout
@@ -207,6 +211,9 @@ class Group:
                     break
                 if cap is not None and now >= cap:
                     self._timed_out, self._stopped = True, "limit"
+                    break
+                if cancel is not None and cancel.is_set():
+                    self._stopped = "cancelled"
                     break
                 if deadline is not None and now >= deadline:
                     if seen is not None:
