@@ -438,12 +438,31 @@ def _failure_message(result: Launch, timeout: float) -> str:
         head = (f"ddplab: the launch failed (exit codes {result.returncodes}{ended}); every "
                 f"process it started was ended.")
         fix = "Fix the error shown above in the script, then launch again."
+        left = _left_early(result)
+        if left:
+            head, fix = f"{left}\n{head}", "Fix the script, then launch again."
     lines = [head, f"Launched:\n  {what}"]
     for rank, text in sorted(result.rank_output.items()):
         lines.append(f"--- rank {rank} ---\n{_tail(text, 15)}")
     lines.append(f"--- launcher output (last lines) ---\n{_tail(result.launcher_output, 20)}")
     lines.append(fix)
     return "\n".join(lines)
+
+
+def _left_early(result: Launch) -> str:
+    """When every rank that failed did so because gloo's peer closed the connection while it
+    waited in a torch.distributed call, and other ranks exited with 0: the verdict that those
+    left without making the call (``lab.diagnose.peer_left``); "" otherwise."""
+    from .lab import diagnose
+
+    codes = dict(enumerate(result.returncodes))
+    if len(codes) != len(result.rank_output):       # one launcher for many ranks: no codes by rank
+        codes = {rank: 0 if "Traceback (most recent" not in text else 1
+                 for rank, text in result.rank_output.items()}
+    failed = {rank: diagnose.waited_when_peer_left(result.rank_output.get(rank, ""))
+              for rank, code in codes.items() if code not in (0, None)}
+    exited = sorted(rank for rank, code in codes.items() if code == 0)
+    return diagnose.peer_left(failed, exited, "finished") if all(failed.values()) else ""
 
 
 def _tail(text: str, n: int) -> str:

@@ -117,7 +117,9 @@ def test_an_exercise_cell_that_deadlocks_says_why_within_its_timeout(shell, requ
     lab.restart()
     assert isinstance(error, ddplab.HangError), error
     message = str(error)
-    assert "did not finish within timeout=5 s" in message, message
+    # Ranks that finished while another waits are a hang at once (``stall.Watch.abandoned``).
+    assert ("did not finish within timeout=5 s" in message
+            or "said now rather than at timeout=5 s" in message), message
     assert hint in message, message
     assert took < 4 * 5                     # the cell's timeout, not the lab's 60 s
 

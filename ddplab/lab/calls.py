@@ -169,7 +169,8 @@ class Calls:
         elif still:
             self._say_still_running(still)
         if failures:
-            raise rank_error(failures)
+            returned = sorted(t.rank for t in tasks if t.outcome is not None and t.outcome["ok"])
+            raise rank_error(failures, returned)
 
     def wait_pending(self, timeout: float) -> None:
         """Wait for cells still running from earlier ``%%rank`` cells; their failures raise."""
@@ -217,6 +218,10 @@ class Calls:
                     failed_at = now
                 if failed_at is not None and now - failed_at >= FAILURE_SETTLE:
                     return "failed"
+                if watch is not None and failed_at is None and watch.abandoned(
+                        sorted({t.rank for t in undone}),
+                        sorted({t.rank for t in tasks if t.outcome and id(t) in own_ids}), timeout):
+                    return "timeout"             # ranks wait for one that returned: say it now
                 if now >= deadline:
                     more = 0.0 if watch is None else \
                         watch.more(sorted({t.rank for t in undone}), timeout)
@@ -335,7 +340,11 @@ class Calls:
         still = sorted({t.rank for t in tasks if t.outcome is None})
         seen = watch.seen(still) if watch is not None else None   # the stacks it just read
         where, stacks = seen or self._locate([t for t in tasks if t.outcome is None], 4)
-        busy = sorted(r for r in where if diagnose.busy_in_own_code(stacks.get(r, "")))
+        collectives = self.engines.collectives(list(range(self.engines.world_size)),
+                                               time.monotonic() + 2)
+        # In its own code: as the rank says it (its site), else as its stack suggests.
+        busy = sorted(r for r in where if flight.site(collectives.get(r, [])).get(
+            "own", diagnose.busy_in_own_code(stacks.get(r, ""))))
         head = watch.headline(timeout) if watch is not None else ""
         lines = [head or f"ddplab: the {what} did not finish within timeout={timeout:g} s; "
                  + diagnose.headline(busy, sorted(set(where) - set(busy)), timeout)]
@@ -350,11 +359,9 @@ class Calls:
             lines.append(f"  rank {rank}: " + (f"still {at}" if at else state))
         if any(diagnose.waiting_to_join(w) for w in where.values()):
             lines.append(diagnose.join_hint(self.engines.world_size))
-        collectives = self.engines.collectives(list(range(self.engines.world_size)),
-                                               time.monotonic() + 2)
         capped = watch is not None and watch.stopped == "limit"
         # A job stopped at its cap was moving: no verdict on who waits for whom.
-        lines += [line for line in flight.report(collectives, busy)
+        lines += [line for line in flight.report(collectives, busy, timeout)
                   if not (capped and line.startswith("ddplab:"))]
         hint = "" if capped else (diagnose.deadlock_hint(states, where, stacks)
                                   or flight.call_hint(collectives))
@@ -382,9 +389,16 @@ def _replay_stuck(task: Task) -> None:
                        "(stuck; what it printed last, before the diagnosis below)")
 
 
-def rank_error(failures: dict[int, str]) -> RankError:
-    """The ``RankError`` for tracebacks by rank: one head line, then each rank's traceback."""
+def rank_error(failures: dict[int, str], returned: list[int] = ()) -> RankError:
+    """The ``RankError`` for tracebacks by rank: one head line, then each rank's traceback.
+
+    ``returned``: the ranks of the call that finished. When every failure is gloo's
+    "Connection closed by peer" in a torch.distributed call, the head says that those ranks
+    left without making the call the others waited in (``diagnose.peer_left``): no rank crashed.
+    """
     ranks = sorted(failures)
-    head = f"ddplab: the code raised on {plural(len(ranks), 'rank')} {', '.join(map(str, ranks))}."
+    waited = {rank: diagnose.waited_when_peer_left(text) for rank, text in failures.items()}
+    head = diagnose.peer_left(waited, list(returned)) if all(waited.values()) else ""
+    head = head or f"ddplab: the code raised on {plural(len(ranks), 'rank')} {', '.join(map(str, ranks))}."
     body = "\n".join(f"--- rank {rank} ---\n{failures[rank]}" for rank in ranks)
     return RankError(f"{head}\n{body}", failures)
