@@ -503,6 +503,12 @@ def test_torchrun_options_are_checked(tmp_path):
         launch.torchrun("x.py", max_restart=1)
     with pytest.raises(ConfigError, match="sets --log-dir itself"):
         launch.torchrun("x.py", log_dir="/tmp")
+    # launch.spawn's (and mp.spawn's) name for it, not the nearest spelling (nnodes)
+    with pytest.raises(ConfigError, match=r"no option --nprocs\. Did you mean nproc_per_node=N "
+                                          r"\(processes on each node; launch.spawn calls it "
+                                          r"nprocs\)\?") as info:
+        launch.torchrun("x.py", nprocs=2)
+    assert "nnodes" not in str(info.value)
 
 
 SPAWN_OWN_ARGS = '''

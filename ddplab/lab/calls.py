@@ -61,6 +61,7 @@ class Calls:
         self.pending: list[Task] = []  # %%rank cells left running after their grace
         self.broken = ""               # why the lab needs a restart, if it does
         self.failed: list[int] = []    # the ranks of the last RankError (``lab.debug`` looks there)
+        self.raised: dict[int, str] = {}   # each rank's last error: which cell, when (``lab.debug``)
 
     # ------------------------------------------------------------- sending
     def submit(self, ranks: list[int], fn: Callable, *args: Any) -> list[Task]:
@@ -120,6 +121,7 @@ class Calls:
         self.pending.clear()
         self.broken = ""
         self.failed = []
+        self.raised = {}
 
     # ------------------------------------------------------------- waiting
     def await_join(self, tasks: list[Task], timeout: float) -> None:
@@ -149,6 +151,7 @@ class Calls:
         failures = _failures(tasks)
         if failures:
             self.failed = sorted(failures)
+        self.raised.update({rank: _when() for rank in {**failures, **_failures(pending)}})
         # Ranks still running beside a failure are about to be reported stuck.
         self._replay(everything, stuck=bool(failures and still))
         late = _failures(pending)
@@ -231,8 +234,13 @@ class Calls:
                     continue
                 if not undone[0].result.wait(min(0.2, deadline - now)):
                     self.check_alive()           # no news for a while: is someone dead?
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as interrupt:
             self._interrupt(tasks)
+            # IPython shows this one line instead of the stack of ddplab's, ipyparallel's and
+            # threading's frames the interrupt met; what became of the ranks is said above.
+            interrupt._render_traceback_ = lambda: [
+                "KeyboardInterrupt: the call was interrupted (what became of the ranks is said "
+                "above)"]
             raise
         finally:
             areas.close()                        # the final output is printed after this
@@ -378,6 +386,16 @@ class Calls:
 def _failures(tasks: list[Task]) -> dict[int, str]:
     return {t.rank: t.outcome["error"] for t in tasks
             if t.outcome is not None and not t.outcome["ok"]}
+
+
+def _when() -> str:
+    """Which cell of the notebook runs now, and the time: ``cell In [7], at 14:02:11``."""
+    try:
+        from IPython import get_ipython
+        count = getattr(get_ipython(), "execution_count", None)
+    except ImportError:
+        count = None
+    return (f"cell In [{count}], " if count else "") + time.strftime("at %H:%M:%S")
 
 
 def _replay_stuck(task: Task) -> None:

@@ -198,6 +198,14 @@ _OWN_OPTIONS = {"log_dir": "output is read from there, by rank", "redirects": "o
                 "master_addr": f"ranks meet on {HOST}", "master_port": "it picks a free one"}
 
 
+#: What other launchers (mp.spawn, launch.spawn, accelerate, mpirun) call torchrun's options.
+_OTHER_NAMES = {"nprocs": "nproc_per_node=N (processes on each node; launch.spawn calls it "
+                          "nprocs)",
+                "nproc": "nproc_per_node=N", "num_processes": "nproc_per_node=N",
+                "np": "nproc_per_node=N", "world_size": "nproc_per_node=N (with nnodes=M: "
+                                                       "N * M ranks in all)"}
+
+
 def torchrun_options(options: dict[str, object], port: int) -> list[str]:
     """``{"max_restarts": 1}`` as ``["--max-restarts=1"]``; ConfigError for options torchrun lacks."""
     from torch.distributed.run import get_args_parser
@@ -211,6 +219,8 @@ def torchrun_options(options: dict[str, object], port: int) -> list[str]:
         if flag not in known:
             close = [c.lstrip("-").replace("-", "_") + "=...? "
                      for c in difflib.get_close_matches(flag, sorted(known), n=1)]
+            if name in _OTHER_NAMES:
+                close = [f"{_OTHER_NAMES[name]}? "]
             hint = "".join(f"Did you mean {c}" for c in close)
             raise ConfigError(f"ddplab: launch.torchrun got {name}={value!r}, but torchrun has no "
                               f"option {flag}. {hint}Options are torchrun's, with _ for -: "
