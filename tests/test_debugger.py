@@ -551,8 +551,9 @@ def _waits_in(directory: str, pid: int, rank: int, function: str, limit: float =
     raise AssertionError(f"rank {rank} never ran {function} in {limit} s")
 
 
-def test_an_interrupt_while_waiting_for_vs_code_is_one_line(k):
+def test_an_interrupt_while_waiting_for_vs_code_is_one_line(k, tmp_path):
     directory, pid = ok(k, "print(lab.engines.directory, lab.engines.pids[1])").split()
+    ok(k, f"import os\n_here = os.getcwd()\nos.chdir({str(tmp_path)!r})")   # launch.json goes here
     msg_id = k.execute("%%rank 1 --debugpy\nprint('never')\n")
     stdout, error = "", None
     while True:
@@ -574,4 +575,4 @@ def test_an_interrupt_while_waiting_for_vs_code_is_one_line(k):
     assert error["ename"] == "KeyboardInterrupt", error
     assert error["traceback"] == ["KeyboardInterrupt: the call was interrupted (what became of "
                                   "the ranks is said above)"], error["traceback"]
-    ok(k, "lab.restart()")                          # debugpy starts once per rank process
+    ok(k, "os.chdir(_here)\nlab.restart()")        # debugpy starts once per rank process
