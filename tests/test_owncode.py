@@ -355,6 +355,17 @@ def test_run_script_imports_the_scripts_own_modules_afresh_each_run(fresh_lab, t
     assert paths == [[], []]                          # no script folder left on sys.path
 
 
+def test_a_script_that_calls_sys_exit_shows_its_own_line_only(fresh_lab, tmp_path):
+    script = tmp_path / "leaves.py"
+    script.write_text("import sys\nprint('hi')\nsys.exit(3)\n")
+    with pytest.raises(RankError) as info:
+        fresh_lab.run_script(str(script), timeout=60)
+    for rank, text in info.value.failures.items():
+        assert text == (f'Traceback (most recent call last):\n  File "{script}", line 3, in '
+                        f'<module>\n    sys.exit(3)\nRuntimeError: the script exited with code 3 '
+                        f'(sys.exit) on rank {rank}'), text          # no ddplab frame, no chain
+
+
 def test_run_script_of_a_missing_file_is_a_config_error(fresh_lab, tmp_path):
     with pytest.raises(ConfigError, match="found no file at"):
         fresh_lab.run_script(str(tmp_path / "nowhere.py"))

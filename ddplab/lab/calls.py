@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import DdplabError, EngineDiedError, HangError, RankError
-from ..text import plural
+from ..text import plural, shorten
 from . import bars, debugger, diagnose, display, flight, live
 from .ranks import Loss, Ranks
 from .stall import Watch
@@ -38,6 +38,9 @@ from .stall import Watch
 #: After one rank fails, how long the others get to finish before we conclude
 #: they are waiting for it (in a collective, or a recv) and report the failure.
 FAILURE_SETTLE = 1.0
+#: The most of one rank's error a ``RankError``'s message shows (the notebook gets all of it
+#: otherwise: a 10 MB message, 10 MB of output); ``RankError.failures`` keeps the whole.
+ERROR_CHARS = 20_000
 #: ``broken`` after a rank failed while others waited for it. The failed rank
 #: itself is idle, so a post-mortem on it (``lab.debug()``) still works.
 STUCK_AFTER_FAILURE = "ranks are stuck waiting for a rank that failed."
@@ -418,5 +421,7 @@ def rank_error(failures: dict[int, str], returned: list[int] = ()) -> RankError:
     waited = {rank: diagnose.waited_when_peer_left(text) for rank, text in failures.items()}
     head = diagnose.peer_left(waited, list(returned)) if all(waited.values()) else ""
     head = head or f"ddplab: the code raised on {plural(len(ranks), 'rank')} {', '.join(map(str, ranks))}."
-    body = "\n".join(f"--- rank {rank} ---\n{failures[rank]}" for rank in ranks)
+    body = "\n".join(f"--- rank {rank} ---\n"
+                     + shorten(failures[rank], ERROR_CHARS, f"the error's .failures[{rank}]")
+                     for rank in ranks)
     return RankError(f"{head}\n{body}", failures)
