@@ -142,3 +142,19 @@ def test_an_exercise_cell_that_deadlocks_says_why_within_its_timeout(shell, requ
 def test_the_hint_follows_where_the_ranks_wait(states, where, expected):
     hint = diagnose.deadlock_hint(states, where, {})
     assert (expected in hint) if expected else hint == "", hint
+
+
+def test_isend_and_irecv_with_different_tags_then_wait_is_a_wait_not_own_code(fresh_lab):
+    message = _hang(fresh_lab, "t = torch.zeros(1)\n"
+                               "if rank == 0:\n"
+                               "    w = dist.isend(t, dst=1, tag=1)\n"
+                               "else:\n"
+                               "    w = dist.irecv(t, src=0, tag=2)\n"
+                               "w.wait()\n")
+    assert message.startswith(f"ddplab: the cell did not finish within timeout={TIMEOUT:g} s; ranks "
+                              f"are probably waiting for each other (a deadlock)."), message
+    assert "  rank 0: still in Work.wait (cell line 6)\n  rank 1: still in Work.wait (cell line 6)" \
+        in message
+    assert ("Hint: every rank still running waits in .wait() on the handle an isend or irecv (or a "
+            "call with async_op=True) returned") in message and "has another tag" in message
+    assert "running their own code" not in message

@@ -308,7 +308,12 @@ class Calls:
         """Say which ranks a cell left running, and whether each waits for another rank."""
         ranks = sorted({t.rank for t in still})
         frames = self.engines.frames(ranks, time.monotonic() + 4)
+        said = self.engines.collectives(ranks, time.monotonic() + 2)   # what a stack hides
         doing = {rank: diagnose.activity(frames.get(rank, [])) for rank in ranks}
+        doing = {rank: (in_dist or flight.refine("", said.get(rank, [])).startswith(
+                            "in Work.wait"),
+                        flight.refine("", said.get(rank, [])) or what)
+                 for rank, (in_dist, what) in doing.items()}
         waiting = [rank for rank in ranks if doing[rank][0]]
         tail = ("It keeps running; its output appears when a later ddplab cell finishes, "
                 "or call lab.wait().")
@@ -353,6 +358,7 @@ class Calls:
         where, stacks = seen or self._locate([t for t in tasks if t.outcome is None], 4)
         collectives = self.engines.collectives(list(range(self.engines.world_size)),
                                                time.monotonic() + 2)
+        where = {rank: flight.refine(line, collectives.get(rank, [])) for rank, line in where.items()}
         # In its own code: as the rank says it (its site), else as its stack suggests.
         busy = sorted(r for r in where if flight.site(collectives.get(r, [])).get(
             "own", diagnose.busy_in_own_code(stacks.get(r, ""))))

@@ -331,6 +331,12 @@ def deadlock_hint(states: dict[int, str], where: dict[int, str], stacks: dict[in
                 "matching recv is posted, so ranks that all send first wait for each other for "
                 "ever. Let one side receive first (e.g. even ranks send then receive, odd ranks "
                 "receive then send), or use dist.isend / dist.irecv and wait() on both.")
+    if all(call == "Work.wait" for call in calls.values()):
+        return ("Hint: every rank still running waits in .wait() on the handle an isend or irecv "
+                "(or a call with async_op=True) returned: it returns only once its message is "
+                "through, so the matching irecv or isend is missing, names another rank (dst=, "
+                "src=), or has another tag. Check each pair: same ranks, same tag, same size and "
+                "dtype.")
     idle = sorted(rank for rank, state in states.items() if state != "still running")
     if all(call in ("send", "recv") for call in calls.values()):
         if idle:

@@ -86,6 +86,16 @@ def collectives_only(records: list[dict]) -> list[dict]:
     return [r for r in records if "group" in r]
 
 
+def refine(line: str, records: list[dict]) -> str:
+    """A rank's where-line from its stack (``in <module> (cell line 6)``, ``in select``), said
+    exactly where the rank says its stack hides it (``hidden``): ``in Work.wait (cell line 6)``
+    for a handle's ``wait()``, ``in asyncio.tasks.sleep (cell line 3)`` for an ``await``."""
+    where = site(records)
+    if where.get("hidden") and where.get("at") and where.get("inside"):
+        return f"in {where['inside']} ({where['at']})"
+    return line
+
+
 def late_at(where: dict) -> str:
     """A site in words: ``at slow line 5 (`time.sleep(8)`)``, ``, inside queue.get`` after it."""
     text = f"at {where['at']}" if where.get("at") else "at a line of its own"

@@ -27,6 +27,7 @@ import logging
 import os
 import sys
 import threading
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -162,23 +163,49 @@ def current_site() -> dict:
     - ``inside``: the library function that line called (``queue.get``), if any;
     - ``own``: whether the rank runs its own code (``where.Where.in_own_code``): late, maybe,
       but not past any call;
+    - ``hidden``: the stack alone does not show where it waits: a cell suspended at an
+      ``await`` (the thread is in asyncio's loop), or a ``Work.wait()`` (C++, no frame);
     - ``blocked_s``: seconds it has sat in one torch.distributed call (None: in none), from the
       live status's watch (``live.blocked_for``).
     """
     import linecache
 
-    from . import live, where
+    from . import awaiting, live, where
 
     frames = list(where.records(sys._current_frames().get(threading.main_thread().ident)))
-    found = where.locate(frames)
-    source = ""
+    found, hidden = where.locate(frames), False
+    if found.line_at is None and awaiting.suspended():
+        # A cell suspended at an await: the thread is in asyncio's loop; the cell's coroutine
+        # and what it awaits are where it is.
+        frames = [where.record(frame) for frame in awaiting.suspended()] + frames
+        found, hidden = where.locate(frames), True
+    source = own = ""
     if found.line_at is not None:
         frame = frames[found.line_at][1]
         source = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        if found.in_own_code() and _waits_on_work(source, frame):
+            # A handle's wait() (isend, irecv, async_op=True) is C++: no frame of its own.
+            found, hidden, own = found._replace(inside="Work.wait"), True, False
         if len(source) > _SOURCE_CHARS:
             source = source[:_SOURCE_CHARS - 3] + "..."
     return {"site": {"at": found.line, "source": source, "inside": found.inside,
-                     "own": found.in_own_code(), "blocked_s": live.blocked_for()}}
+                     "own": found.in_own_code() if own == "" else own, "hidden": hidden,
+                     "blocked_s": live.blocked_for()}}
+
+
+def _waits_on_work(source: str, frame: Any) -> bool:
+    """Whether ``source``, the line ``frame`` is at, calls ``wait()`` on a torch.distributed
+    ``Work`` (the handle ``isend``, ``irecv`` or ``async_op=True`` returned) named there."""
+    import re
+
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    if c10d is None or ".wait(" not in source:
+        return False
+    for name in re.findall(r"\b([A-Za-z_]\w*)\.wait\(", source):
+        value = frame.f_locals.get(name, frame.f_globals.get(name))
+        if isinstance(value, c10d.Work):
+            return True
+    return False
 
 
 def _answer(what: int, path: str) -> None:
