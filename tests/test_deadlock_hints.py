@@ -158,3 +158,15 @@ def test_isend_and_irecv_with_different_tags_then_wait_is_a_wait_not_own_code(fr
     assert ("Hint: every rank still running waits in .wait() on the handle an isend or irecv (or a "
             "call with async_op=True) returned") in message and "has another tag" in message
     assert "running their own code" not in message
+
+
+def test_a_tag_mismatch_beside_ranks_that_finished_blames_the_pair(fresh_lab4):
+    # Ranks 2 and 3 finish: the hint is the tags of ranks 0 and 1, not "waiting for ranks 2, 3".
+    message = _hang(fresh_lab4, "t = torch.zeros(1)\n"
+                                "if rank == 0:\n"
+                                "    dist.send(t, dst=1, tag=1)\n"
+                                "elif rank == 1:\n"
+                                "    dist.recv(t, src=0, tag=2)\n")
+    assert ("Hint: rank 0 sends to rank 1 with tag=1, and rank 1 waits in recv from rank 0 with "
+            "tag=2") in message, message
+    assert "which finished the cell" not in message

@@ -380,8 +380,10 @@ class Calls:
         # A job stopped at its cap was moving: no verdict on who waits for whom.
         lines += [line for line in flight.report(collectives, busy, timeout)
                   if not (capped and line.startswith("ddplab:"))]
-        hint = "" if capped else (diagnose.deadlock_hint(states, where, stacks)
-                                  or flight.call_hint(collectives))
+        # The calls' own arguments (a tag, a src) are evidence; the pattern of where ranks wait
+        # is a guess: with a third rank finished, a tag mismatch read as waiting for that rank.
+        hint = "" if capped else (flight.call_hint(collectives)
+                                  or diagnose.deadlock_hint(states, where, stacks))
         if hint:
             lines.append(hint)
         for rank, stack in stacks.items():
