@@ -242,3 +242,31 @@ def test_a_script_that_ends_on_one_rank_while_another_waits_is_named(fresh_lab, 
         "ddplab: rank 0 waited in barrier (leaving.py line 5) for rank 1, which finished without "
         "making that call"), str(info.value)
     assert took < LONG / 2, f"RankError after {took:.1f} s"
+
+
+SAVE_ON_RANK_0 = """
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+def save_sharded(path, model, optimizer, epoch):
+    model_state, optim_state = get_state_dict(model, optimizer)
+    if dist.get_rank() == 0:
+        dcp.save({"model": model_state, "optim": optim_state, "epoch": epoch}, checkpoint_id=path)
+"""
+
+
+def test_the_checkpoint_check_of_a_save_on_rank_0_only_fails_well_within_its_timeout(fresh_lab):
+    # Last round's case: 121.7 s, the check's whole timeout. Rank 0 waits in dcp.save's gather,
+    # rank 1 in the check's barrier after the student's function: collectives that disagree.
+    from ddplab.check import checkpoints
+
+    fresh_lab.run_cell(SAVE_ON_RANK_0)
+    begin = time.monotonic()
+    try:
+        with pytest.raises(AssertionError, match=r"rank 0: still in gather_object"):
+            ddplab.check.save_sharded()
+    finally:
+        took = time.monotonic() - begin
+        fresh_lab.restart()
+    assert took < checkpoints._TIMEOUT / 2, f"the check failed after {took:.1f} s"

@@ -227,7 +227,7 @@ class Calls:
                 if watch is not None and failed_at is None and watch.abandoned(
                         sorted({t.rank for t in undone}),
                         sorted({t.rank for t in tasks if t.outcome and id(t) in own_ids}), timeout):
-                    return "timeout"             # ranks wait for one that returned: say it now
+                    return "timeout"             # ranks wait for nothing that can come: say it now
                 if now >= deadline:
                     more = 0.0 if watch is None else \
                         watch.more(sorted({t.rank for t in undone}), timeout)

@@ -38,7 +38,11 @@ Both: a rank that *returned* while the ranks still running all sit in a
 torch.distributed call is no progress but a verdict. Nothing is left to end
 their wait, so once each has sat there ``RETURN_SETTLE`` seconds (or half the
 timeout, if less) without using the CPU, the call ends at once, well within
-its timeout (``abandoned``, ``stopped == "abandoned"``).
+its timeout (``abandoned``, ``stopped == "abandoned"``). So does a call whose
+ranks all sit so in collectives the flight recorder says disagree (a mismatch,
+or a rank behind in another call): none can finish (``"disagree"``). Ranks
+that all wait in collectives that agree may yet meet (a GPU's barrier waits
+for the work queued before it): their timeout decides.
 
 On multi-host labs a rank's stack, CPU time and recorder are out of reach, so
 a timeout there ends the call as it always did.
@@ -168,15 +172,18 @@ class Watch:
         return 0.0
 
     def abandoned(self, running: list[int], returned: list[int], timeout: float) -> bool:
-        """Whether ``running`` ranks wait for ``returned`` ones that will never come back: each
-        has sat ``RETURN_SETTLE`` s (half ``timeout`` if less) in a torch.distributed call,
-        and none used the CPU since the last ask. Asks every ``ABANDON_LOOK_S`` seconds."""
+        """Whether ``running`` ranks wait for ``returned`` ones that will never come back, or for
+        each other in collectives that disagree (the flight recorder's verdict): each has sat
+        ``RETURN_SETTLE`` s (half ``timeout`` if less) in a torch.distributed call, and none
+        used the CPU since the last ask. Asks every ``ABANDON_LOOK_S`` seconds."""
         now = time.monotonic()
-        if not running or not returned or now < self._next_ask:
+        if not running or now < self._next_ask:
             return False
         self._next_ask = now + ABANDON_LOOK_S
         settle = min(RETURN_SETTLE, timeout / 2)
-        answers = self.engines.collectives(running, now + LOOK_S)
+        # A short wait for the answers: the call's own wait (its live output) stalls meanwhile,
+        # and a rank too busy to answer soon (a C call holding the GIL) is not waiting.
+        answers = self.engines.collectives(running, now + ABANDON_LOOK_S)
         held = [flight.site(answers.get(rank, [])).get("blocked_s") for rank in running]
         if any(h is None or h < settle for h in held):
             self._calm = None
@@ -187,7 +194,10 @@ class Watch:
                                      for rank in running):
             self._calm = (now, cpu)          # calm from here on, if the next ask agrees
             return False
-        self.stopped, self.stuck, self.returned = "abandoned", sorted(running), sorted(returned)
+        if not returned and not any(line.startswith("ddplab:") for line in flight.report(answers)):
+            return False                     # all wait, in calls that may yet meet: the timeout's
+        self.stopped = "abandoned" if returned else "disagree"
+        self.stuck, self.returned = sorted(running), sorted(returned)
         return True
 
     def seen(self, ranks: list[int]) -> tuple[dict, dict] | None:
@@ -236,6 +246,10 @@ class Watch:
                     f"in a torch.distributed call that needs {'them' if len(gone) > 1 else 'it'}: "
                     f"every rank still running sits in one without using the CPU, so nothing is "
                     f"left to end the wait. A hang, said now rather than at timeout={timeout:g} s.")
+        if self.stopped == "disagree":
+            return (f"ddplab: every rank still running waits in a torch.distributed call, and "
+                    f"their collectives disagree (below): none of them can finish, so this is a "
+                    f"hang, said now rather than at timeout={timeout:g} s.")
         if self.stopped == "waiting":
             return (f"ddplab: {plural(len(stuck), 'rank')} {_names(stuck)} "
                     f"{'have' if many else 'has'} waited in one torch.distributed call for "
