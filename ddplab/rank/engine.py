@@ -372,8 +372,10 @@ def _call(load: Callable[[], tuple[Callable, tuple, dict]],
 
 
 def _is_user_code(filename: str) -> bool:
-    """Neither this module nor ``owngroup`` (which runs ``lab.spawn`` / ``run_script`` code)."""
-    return _is_user_file(filename) and not filename.endswith(os.path.join("rank", "owngroup.py"))
+    """Neither this module nor ``owngroup`` and ``script`` (which run ``lab.spawn`` /
+    ``run_script`` code)."""
+    return _is_user_file(filename) and not filename.endswith(
+        (os.path.join("rank", "owngroup.py"), os.path.join("rank", "script.py")))
 
 
 def _sendable(value: Any) -> tuple[Any, str | None]:

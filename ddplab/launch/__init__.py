@@ -53,10 +53,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import procs
-from .env import TORCHRUN_VARIABLES, check_timeout, check_world_size, free_port
-from .errors import ConfigError, LaunchError
-from .text import replace_tracebacks
+from .. import procs
+from ..env import TORCHRUN_VARIABLES, check_timeout, check_world_size, free_port
+from ..errors import ConfigError, LaunchError
+from ..text import replace_tracebacks
+from . import hook as launched
+from .failure import (
+    command_line as command_line,  # public: a launch as you would type it
+    message as failure_message,
+)
 
 HOST = "127.0.0.1"
 #: The variables a launcher may set for each rank, in the order tables show them.
@@ -81,6 +86,9 @@ class Launch:
     reports: dict[int, dict] = field(default_factory=dict)
     attempts: int = 1                      # torchrun: how many times the workers were started
     groups_formed: int | None = None       # processes that formed a process group (None: unknown)
+    #: Ranks that sat a whole timeout in one torch.distributed call, and where ("in all_reduce
+    #: (train.py line 9)"): the launch was ended for them, whatever the others did.
+    waited: dict[int, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -190,6 +198,14 @@ _OWN_OPTIONS = {"log_dir": "output is read from there, by rank", "redirects": "o
                 "master_addr": f"ranks meet on {HOST}", "master_port": "it picks a free one"}
 
 
+#: What other launchers (mp.spawn, launch.spawn, accelerate, mpirun) call torchrun's options.
+_OTHER_NAMES = {"nprocs": "nproc_per_node=N (processes on each node; launch.spawn calls it "
+                          "nprocs)",
+                "nproc": "nproc_per_node=N", "num_processes": "nproc_per_node=N",
+                "np": "nproc_per_node=N", "world_size": "nproc_per_node=N (with nnodes=M: "
+                                                       "N * M ranks in all)"}
+
+
 def torchrun_options(options: dict[str, object], port: int) -> list[str]:
     """``{"max_restarts": 1}`` as ``["--max-restarts=1"]``; ConfigError for options torchrun lacks."""
     from torch.distributed.run import get_args_parser
@@ -203,6 +219,8 @@ def torchrun_options(options: dict[str, object], port: int) -> list[str]:
         if flag not in known:
             close = [c.lstrip("-").replace("-", "_") + "=...? "
                      for c in difflib.get_close_matches(flag, sorted(known), n=1)]
+            if name in _OTHER_NAMES:
+                close = [f"{_OTHER_NAMES[name]}? "]
             hint = "".join(f"Did you mean {c}" for c in close)
             raise ConfigError(f"ddplab: launch.torchrun got {name}={value!r}, but torchrun has no "
                               f"option {flag}. {hint}Options are torchrun's, with _ for -: "
@@ -273,65 +291,9 @@ def _check_count(value: object, name: str, what: str) -> None:
                           f"{value!r}. Use for example {name}=2.")
 
 
-def command_line(launch: Launch, index: int = 0) -> str:
-    """A launch's command as you would type it in the script's folder (``torchrun`` for
-    ``python -m torch.distributed.run``)."""
-    words = list(launch.commands[index])
-    if words[:3] == [sys.executable, "-m", "torch.distributed.run"]:
-        words = ["torchrun"] + words[3:]
-    elif words[0] == sys.executable:
-        words[0] = "python"
-    # A script's folder differs per run (often a temporary one): show its name only.
-    return " ".join(os.path.basename(w) if os.path.isabs(w) else w for w in words)
-
-
 # ----------------------------------------------------------------- the runner
-# On the launched processes' PYTHONPATH as sitecustomize.py: each init_process_group that
-# succeeds leaves a file in the launch's folder, and one in a restarted torchrun attempt meets
-# under keys of its own attempt. (torch.distributed imports distributed_c10d's names as it
-# loads, so a finder wraps the module as it is executed.)
-_HOOK = """
-import importlib.machinery, inspect, os, sys
-
-class _Finder:
-    def find_spec(self, name, path, target=None):
-        if name != "torch.distributed.distributed_c10d":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            real = module.init_process_group
-            signature = inspect.signature(real)
-
-            def init_process_group(*args, **kwargs):
-                attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-                bound = signature.bind(*args, **kwargs).arguments
-                if attempt != "0" and bound.get("store") is None:
-                    # A restart meets at the same agent store, where the last attempt's
-                    # keys still are; read before overwritten, they hang the new group.
-                    timeout = bound.get("timeout") or module.default_pg_timeout
-                    store, rank, size = next(module.rendezvous(
-                        bound.get("init_method") or "env://", bound.get("rank", -1),
-                        bound.get("world_size", -1), timeout=timeout))
-                    bound.update(init_method=None, rank=rank, world_size=size,
-                                 store=module.PrefixStore("attempt_" + attempt, store))
-                result = real(**bound)
-                open(os.path.join(os.environ["DDPLAB_LAUNCH_DIR"],
-                                  "formed-%d" % os.getpid()), "w").close()
-                return result
-            init_process_group.__wrapped__ = real
-            module.init_process_group = init_process_group
-        spec.loader.exec_module = exec_module
-        return spec
-
-if os.environ.get("DDPLAB_LAUNCH_DIR"):
-    sys.meta_path.insert(0, _Finder())
-"""
-
-
+# What the launched processes run first, and what they leave: ``launch.hook``; the message of
+# a failed launch, and a launch's command line: ``launch.failure``.
 def _run(commands: list[list[str]], ports: list[int], timeout: float, check: bool,
          torchrun_nproc: int | None = None, env: dict[str, str] | None = None) -> Launch:
     folder = tempfile.mkdtemp(prefix="ddplab_launch-")     # mode 0700
@@ -340,9 +302,7 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
         given, env = env or {}, {k: v for k, v in os.environ.items()
                                  # Only the launcher decides these, so a table shows what it set.
                                  if k not in TORCHRUN_VARIABLES and k != "TORCHELASTIC_USE_AGENT_STORE"}
-        os.mkdir(hook := os.path.join(folder, "hook"))
-        with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
-            f.write(_HOOK)
+        hook = launched.install(folder)
         os.mkdir(tmp := os.path.join(folder, "tmp"))  # mp.spawn's error files, torchrun's logs: gone with it
         env.update({_REPORT_DIR: folder, "TMPDIR": tmp, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
                     "PYTHONPATH": os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))},
@@ -350,10 +310,14 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
         # Each launcher leads a session of its own: ending it ends the children that stay in it
         # (mp.spawn's), never the kernel. torchrun's workers lead sessions of their own; the
         # group notes them while it waits.
-        ran = procs.Group(commands, env=env).start().wait(timeout, settle=_SETTLE_S, progress=True)
+        waited: dict[int, str] = {}
+        ran = procs.Group(commands, env=env).start().wait(
+            timeout, settle=_SETTLE_S, progress=True,
+            stuck=lambda: bool(waited.update(launched.waited(folder, timeout)) or waited))
         clean = _cleaner(folder, ports)
-        why = (f"no progress for timeout={timeout:g} s" if ran.timed_out
-               else "another launcher failed")
+        why = (f"a rank waited in one torch.distributed call for timeout={timeout:g} s"
+               if ran.stopped == "stuck" else f"no progress for timeout={timeout:g} s"
+               if ran.timed_out else "another launcher failed")
         ended = f"ddplab ended this launcher with SIGTERM: {why} (torch's traceback for it left out)"
         launcher = "\n".join(clean(replace_tracebacks(done.output, _SIGNALLED, ended)
                                    if done.ended else done.output) for done in ran)
@@ -362,7 +326,7 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
             rank_output = _rank_lines(launcher)
         else:
             rank_output, attempts = _torchrun_logs(folder, len(commands), torchrun_nproc, clean)
-        formed = len(glob.glob(os.path.join(folder, "formed-*")))
+        formed = launched.formed(folder)
         reports = {}
         for path in glob.glob(os.path.join(folder, "report-*.json")):
             with open(path) as f:
@@ -372,10 +336,10 @@ def _run(commands: list[list[str]], ports: list[int], timeout: float, check: boo
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     result = Launch(commands, ran.returncodes, ran.timed_out, launcher, rank_output,
-                    dict(sorted(reports.items())), attempts, formed)
+                    dict(sorted(reports.items())), attempts, formed, waited)
     result.commands = [[clean(word) for word in cmd] for cmd in commands]
     if check and not result.ok:
-        raise LaunchError(_failure_message(result, timeout), result)
+        raise LaunchError(failure_message(result, timeout), result)
     return result
 
 
@@ -425,26 +389,3 @@ def _torchrun_logs(folder: str, nnodes: int, nproc: int, clean) -> tuple[dict[in
             out[node * nproc + local] = clean("".join(parts))
     return dict(sorted(out.items())), attempts
 
-
-def _failure_message(result: Launch, timeout: float) -> str:
-    what = "\n  ".join(command_line(result, i) for i in range(len(result.commands)))
-    if result.timed_out:
-        head = (f"ddplab: the launch made no progress for timeout={timeout:g} s (no output, no CPU "
-                f"time used); every process it started was ended. The ranks are probably waiting "
-                f"for each other (or for a rank that never started).")
-        fix = "Fix the script, or give it longer: timeout=..."
-    else:
-        ended = "; None: ended by ddplab after another failed" if None in result.returncodes else ""
-        head = (f"ddplab: the launch failed (exit codes {result.returncodes}{ended}); every "
-                f"process it started was ended.")
-        fix = "Fix the error shown above in the script, then launch again."
-    lines = [head, f"Launched:\n  {what}"]
-    for rank, text in sorted(result.rank_output.items()):
-        lines.append(f"--- rank {rank} ---\n{_tail(text, 15)}")
-    lines.append(f"--- launcher output (last lines) ---\n{_tail(result.launcher_output, 20)}")
-    lines.append(fix)
-    return "\n".join(lines)
-
-
-def _tail(text: str, n: int) -> str:
-    return "\n".join(text.rstrip().splitlines()[-n:]) or "(nothing)"
