@@ -117,7 +117,7 @@ def test_an_exercise_cell_that_deadlocks_says_why_within_its_timeout(shell, requ
     lab.restart()
     assert isinstance(error, ddplab.HangError), error
     message = str(error)
-    # Ranks that finished while another waits are a hang at once (``stall.Watch.abandoned``).
+    # Ranks that finished while another waits are a hang at once (``stall.StallWatch.abandoned``).
     assert ("did not finish within timeout=5 s" in message
             or "said now rather than at timeout=5 s" in message), message
     assert hint in message, message

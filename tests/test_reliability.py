@@ -59,7 +59,7 @@ EARLY_TIMEOUT = 10
 
 
 def _said_early(error, took: float) -> bool:
-    """A rank that finished while the other waits is a hang at once (``stall.Watch.abandoned``),
+    """A rank that finished while the other waits is a hang at once (``stall.StallWatch.abandoned``),
     well before the timeout."""
     return (str(error).startswith("ddplab: rank 1 returned, and rank 0 waits in a "
                                   "torch.distributed call that needs it")

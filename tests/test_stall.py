@@ -119,7 +119,7 @@ def test_a_deadlock_under_spawn_stops_within_two_timeouts_saying_so(fresh_lab):
     # The first window may hold the group's forming (CPU): the second is the one with none.
     assert TIMEOUT <= took < 2 * TIMEOUT + REPORT_S, f"HangError after {took:.1f} s"
     message = str(info.value)
-    assert message.startswith(f"ddplab: no rank made progress for {TIMEOUT:g} s: every rank waits "
+    assert message.startswith(f"ddplab: the job made no progress for timeout={TIMEOUT:g} s: every rank waits "
                               f"in communication"), message
     assert "(a deadlock)" in message and "rank 0: still in recv" in message
 
@@ -225,7 +225,7 @@ ASLEEP = [("/home/me/train.py", 7, "main"), (ENGINE, 299, "call")]
     ([0.0, 0.0, 0.0], ["a", "a", "a"], [ASLEEP, ASLEEP], "stalled"),
 ])
 def test_a_job_runs_on_while_a_rank_progresses(cpu, flight, frames, stopped):
-    watch = stall.Watch(Readings(cpu, flight, frames), job=True)
+    watch = stall.StallWatch(Readings(cpu, flight, frames), job=True)
     watch.begin([0])
     watch._looked -= 1.0                          # the window: one second
     assert bool(watch.more([0], 1.0)) == (not stopped)
@@ -237,14 +237,14 @@ def test_a_job_runs_on_while_a_rank_progresses(cpu, flight, frames, stopped):
 
 
 def test_a_stalled_jobs_report_says_who_waits_in_communication():
-    watch = stall.Watch(Readings([], [], []), job=True)
+    watch = stall.StallWatch(Readings([], [], []), job=True)
     watch.stopped, watch.waiting = "stalled", {0: True, 1: True}
-    assert watch.headline(60) == ("ddplab: no rank made progress for 60 s: every rank waits in "
+    assert watch.headline(60) == ("ddplab: the job made no progress for timeout=60 s: every rank waits in "
                                   "communication (no CPU time used, no collective finished), so "
                                   "they are waiting for each other (a deadlock).")
     watch.waiting = {0: False, 1: True}
     assert watch.headline(60) == (
-        "ddplab: no rank made progress for 60 s: rank 0 is in its own code, not a "
+        "ddplab: the job made no progress for timeout=60 s: rank 0 is in its own code, not a "
         "torch.distributed call, but sits there without using the CPU (sleeping, or waiting on a "
         "lock, a file, a queue), and rank 1 waits in communication (for it).")
-    assert stall.Watch(Readings([], [], [])).headline(60) == ""    # a cell's deadline: as before
+    assert stall.StallWatch(Readings([], [], [])).headline(60) == ""    # a cell's deadline: as before

@@ -3,7 +3,7 @@
 A rank behind the others is said to have skipped a collective only when it has moved past
 it; one still in its own code (asleep, in a queue's ``get``, in a ``subprocess.run``) is
 late, and the verdict says where, with the line's text. A rank that returned while another
-waits in a torch.distributed call is a verdict at once (``stall.Watch.abandoned``, or gloo's
+waits in a torch.distributed call is a verdict at once (``stall.StallWatch.abandoned``, or gloo's
 "Connection closed by peer" read as what it is); a job in which one rank waits a whole
 timeout ends, whatever the other ranks do.
 
@@ -213,10 +213,12 @@ def test_a_spawned_rank_that_computes_for_ever_while_another_waits_is_a_hang(fre
     # used counted as the job's progress, for ever).
     message, took = _hang(fresh_lab, fresh_lab.spawn, spawned_rank_1_leaves, args=(None,),
                           timeout=TIMEOUT, limit=10 * TIMEOUT)
+    line = _line(spawned_rank_1_leaves, "dist.all_reduce(")
+    # The words of a launched job's verdict (ddplab.lab.verdicts), where it waits included.
     assert message.startswith(
-        f"ddplab: rank 0 has waited in one torch.distributed call for timeout={TIMEOUT:g} s "
-        "without it finishing (no CPU used): that wait is the hang, whatever the other ranks do "
-        "meanwhile."), message
+        f"ddplab: rank 0 in all_reduce (spawned_rank_1_leaves line {line}): it has waited in that "
+        f"torch.distributed call for timeout={TIMEOUT:g} s without it finishing, and that wait "
+        f"is the hang, whatever the other ranks do meanwhile"), message
     assert ("rank 0 waits in collective #1 (all_reduce) on group 1, which rank 1 has not reached "
             "yet: it is still running its own code, at spawned_rank_1_leaves line") in message
     assert TIMEOUT <= took < 2 * TIMEOUT + REPORT_S, f"HangError after {took:.1f} s"

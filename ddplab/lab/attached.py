@@ -156,8 +156,9 @@ class AttachedRanks:
     def frames(self, ranks: list[int], deadline: float) -> dict[int, list]:
         return {}
 
-    def locate(self, ranks: list[int], deadline: float) -> tuple[dict, dict]:
-        return {}, {}
+    def out_of_reach(self, rank: int) -> str:
+        """Nothing is read from another's ranks: a hang report says only that they still run."""
+        return ""
 
     def collectives(self, ranks: list[int], deadline: float) -> dict[int, list[dict]]:
         return {}
@@ -188,5 +189,8 @@ class AttachedRanks:
 def attach(directory: str, timeout: float) -> Any:
     """A ``Lab`` over the ranks of the lab whose private folder is ``directory``."""
     from .lab import Lab
-    lab = Lab(LabSpec.build(None, timeout=timeout), engines=AttachedRanks(directory, timeout))
+    # No watchers: nobody watches this lab's screen, and the ranks' stacks, CPU time and
+    # recorder are out of its reach (``ddplab.lab.watchers``).
+    lab = Lab(LabSpec.build(None, timeout=timeout), engines=AttachedRanks(directory, timeout),
+              watchers=())
     return lab.start()

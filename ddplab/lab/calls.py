@@ -8,15 +8,19 @@ each rank's output in rank order, and turns what happened into one outcome:
 - a rank raised: ``RankError`` with its traceback (at once if the others are
   stuck waiting for it: they are reported where they wait);
 - the ranks did not finish within the timeout: ``HangError`` saying where each
-  stuck rank is (``ddplab.lab.diagnose``). What counts as the timeout is a
-  ``stall.Watch``'s: a cell's code gets ``timeout`` (sending its result back is
-  not counted); a job (``lab.spawn``, ``lab.run_script``) ends only after a
-  whole timeout without progress;
+  stuck rank is (``ddplab.lab.places``, one look). What counts as the timeout is
+  the stall watch's (``ddplab.lab.stall``): a cell's code gets ``timeout``
+  (sending its result back is not counted); a job (``lab.spawn``,
+  ``lab.run_script``) ends only after a whole timeout without progress;
 - a ``%%rank N`` cell still running after its grace: it stays *pending*, says
   whether it waits for another rank, and its output and errors come with the
   next call that finishes (labelled as that earlier cell's);
 - an engine is gone: ``EngineDiedError`` naming the rank and the likely cause;
 - Kernel > Interrupt: SIGINT to the running ranks, and whether the lab is usable.
+
+Everything else a wait does (progress bars, live areas, pdb prompts, the stall
+watch) is a ``Watcher``'s (``ddplab.lab.watchers``): ``Calls`` runs those its lab
+chose, a kind per watcher, one of each made per wait; none for an attached lab.
 
 After a hang, a rank stuck after a failure, a lost engine or an interrupt that
 a rank could not obey, the lab is *broken*: ``broken`` says why and every call
@@ -31,9 +35,9 @@ from typing import Any, Callable
 
 from ..errors import DdplabError, EngineDiedError, HangError, RankError
 from ..text import plural, shorten
-from . import bars, debugger, diagnose, display, flight, live
+from . import diagnose, display, flight, live, places, watchers as watching
 from .ranks import Loss, Ranks
-from .stall import Watch
+from .watchers import CELL, FINAL, JOB, Call
 
 #: After one rank fails, how long the others get to finish before we conclude
 #: they are waiting for it (in a collective, or a recv) and report the failure.
@@ -58,8 +62,9 @@ class Task:
 class Calls:
     """The calls a lab sent to its ranks; see this module's docstring."""
 
-    def __init__(self, engines: Ranks, *, bare: bool = False) -> None:
+    def __init__(self, engines: Ranks, watchers: watching.Kinds = (), *, bare: bool = False) -> None:
         self.engines = engines         # the processes of the ranks (``lab.engines``)
+        self.watchers = watchers       # the kinds of watcher each wait runs (``watchers``)
         self.bare = bare               # ranks that join a group themselves (init_method=None)
         self.pending: list[Task] = []  # %%rank cells left running after their grace
         self.broken = ""               # why the lab needs a restart, if it does
@@ -129,27 +134,32 @@ class Calls:
     # ------------------------------------------------------------- waiting
     def await_join(self, tasks: list[Task], timeout: float) -> None:
         """Wait for the ranks' ``join_group`` calls; raise if one failed or they hang."""
-        if self._wait(tasks, timeout) != "done":
+        call = Call(self.engines, tasks, timeout, FINAL)
+        if self._wait(call) != "done":
             failures = self._replay(tasks)
             if failures:
                 raise rank_error(failures)
-            raise self._hang_error(tasks, timeout, "init_process_group")
+            raise self._hang_error(call, "init_process_group")
 
-    def finish(self, tasks: list[Task], timeout: float, grace: float | None,
-               watch: Watch | None = None) -> None:
+    def finish(self, tasks: list[Task], timeout: float, grace: float | None, *,
+               job: bool = False, limit: float | None = None) -> None:
         """Wait for ``tasks`` and earlier pending tasks, show output, raise on failure.
 
         A failure of an earlier cell (one left running after its grace) is shown,
         labelled as that cell's, and never fails this call or changes its result.
-        ``watch``: what the timeout means (``stall``); by default a cell's deadline.
+        ``job``: the timeout is a no-progress one (``lab.spawn``, ``lab.run_script``;
+        ``limit``: its whole time at most); else a cell's deadline (``stall``).
+        With ``grace``, the wait ends after it, whatever the ranks do.
         """
         pending, self.pending = self.pending, []
         everything = pending + tasks
-        watch = None if grace is not None else watch or Watch(self.engines)
-        state = self._wait(everything, timeout if grace is None else grace, own=tasks, watch=watch)
+        kind = FINAL if grace is not None else JOB if job else CELL
+        call = Call(self.engines, everything, timeout if grace is None else grace, kind,
+                    limit=limit, own=tasks)
+        state = self._wait(call)
         if state == "timeout" and grace is None:
             self._replay(everything, stuck=True)
-            raise self._hang_error(everything, timeout, "cell", watch)
+            raise self._hang_error(call, "cell")
         still = [t for t in everything if t.outcome is None]
         failures = _failures(tasks)
         if failures:
@@ -183,59 +193,45 @@ class Calls:
         earlier, self.pending = self.pending, []
         self.finish(earlier, timeout, grace=None)
 
-    def _wait(self, tasks: list[Task], timeout: float, own: list[Task] | None = None,
-              watch: Watch | None = None) -> str:
-        """Wait for ``tasks``; return ``"done"``, ``"failed"`` or ``"timeout"``.
+    def _wait(self, call: Call) -> str:
+        """Wait for ``call``'s tasks; return ``"done"``, ``"failed"`` or ``"timeout"``.
 
         ``"failed"``: a rank failed and the others have not finished for
         ``FAILURE_SETTLE`` seconds, so they are most likely waiting for it.
-        Only failures of ``own`` (default: all of ``tasks``) count: an earlier
-        cell's late failure blocks nobody in this call. ``watch``: asked at
-        each expiry whether to wait on (``stall``); None: the timeout is final.
+        Only failures of ``call.own`` count: an earlier cell's late failure blocks
+        nobody in this call. ``"timeout"``: the deadline passed and no watcher moved
+        it, or a watcher's verdict (``call.verdict``) ended the wait.
         """
-        own_ids = {id(t) for t in (tasks if own is None else own)}
-        if watch is not None:
-            watch.begin(sorted({t.rank for t in tasks}))
-        deadline = time.monotonic() + (timeout if watch is None else watch.first(timeout))
-        failed_at = None
-        board = bars.ProgressBars()              # live bars, once a rank calls progress.report
-        areas = live.Board()                     # live output, once a rank prints
-        prompts = debugger.Prompter(self.engines.directory)   # a rank's pdb prompts, if any
+        tasks, own = call.tasks, {id(t) for t in (call.tasks if call.own is None else call.own)}
+        call.deadline = time.monotonic() + call.timeout
+        running: list[watching.Watcher] = []
         try:
+            for kind in self.watchers:
+                watcher = kind()
+                watcher.start(call)
+                running.append(watcher)
             while True:
                 for task in tasks:
                     if task.outcome is None and task.result.ready():
                         task.outcome = self._outcome(task)
-                board.update({t.rank: t.result for t in tasks})
-                areas.update(tasks, prompts.notes())
-                thought = prompts.thinking
-                prompts.serve(tasks, areas)
-                # Time at a debugger prompt is the user's, not the cell's; a rank's
-                # time after the line is sent (n into a barrier) counts again.
-                thought = prompts.thinking - thought
-                deadline += thought
-                failed_at = None if failed_at is None else failed_at + thought
-                undone = [t for t in tasks if t.outcome is None]
-                if not undone:
+                if call.failed_at is None and any(not t.outcome["ok"] for t in tasks
+                                                  if t.outcome and id(t) in own):
+                    call.failed_at = time.monotonic()
+                call.verdict = watching.ticks(running, call)
+                if call.verdict is not None and call.running():
+                    return "timeout"             # ranks wait for nothing that can come: say it now
+                if not call.running():
                     return "done"
                 now = time.monotonic()
-                if failed_at is None and any(not t.outcome["ok"] for t in tasks
-                                             if t.outcome and id(t) in own_ids):
-                    failed_at = now
-                if failed_at is not None and now - failed_at >= FAILURE_SETTLE:
+                if call.failed_at is not None and now - call.failed_at >= FAILURE_SETTLE:
                     return "failed"
-                if watch is not None and failed_at is None and watch.abandoned(
-                        sorted({t.rank for t in undone}),
-                        sorted({t.rank for t in tasks if t.outcome and id(t) in own_ids}), timeout):
-                    return "timeout"             # ranks wait for nothing that can come: say it now
-                if now >= deadline:
-                    more = 0.0 if watch is None else \
-                        watch.more(sorted({t.rank for t in undone}), timeout)
+                if now >= call.deadline:
+                    more, call.verdict = watching.expiry(running, call)
                     if not more:
                         return "timeout"
-                    deadline = time.monotonic() + more
                     continue
-                if not undone[0].result.wait(min(0.2, deadline - now)):
+                first = next(t for t in tasks if t.outcome is None)
+                if not first.result.wait(min(0.2, call.deadline - now)):
                     self.check_alive()           # no news for a while: is someone dead?
         except KeyboardInterrupt as interrupt:
             self._interrupt(tasks)
@@ -246,8 +242,8 @@ class Calls:
                 "above)"]
             raise
         finally:
-            areas.close()                        # the final output is printed after this
-            self.broken = prompts.broken or self.broken
+            watching.stop_all(running, call)     # the final output is printed after this
+            self.broken = call.broken or self.broken
 
     def _outcome(self, task: Task) -> dict:
         """A finished task's outcome; a lost engine (which the ranks name) is recorded."""
@@ -292,14 +288,11 @@ class Calls:
                 _replay_stuck(task)
         return failures
 
-    def _locate(self, tasks: list[Task], seconds: float) -> tuple[dict, dict]:
-        return self.engines.locate(sorted({t.rank for t in tasks}), time.monotonic() + seconds)
-
     def _joining(self, still: list[Task]) -> list[int]:
         """On bare ranks: the still-running ranks, if every one waits in init_process_group."""
         if not self.bare or not still:
             return []
-        where = self._locate(still, 2)[0]
+        where = places.look(self.engines, [t.rank for t in still], stacks=2).where()
         if all(diagnose.waiting_to_join(w) for w in where.values()):
             return sorted(where)
         return []
@@ -307,13 +300,8 @@ class Calls:
     def _say_still_running(self, still: list[Task]) -> None:
         """Say which ranks a cell left running, and whether each waits for another rank."""
         ranks = sorted({t.rank for t in still})
-        frames = self.engines.frames(ranks, time.monotonic() + 4)
-        said = self.engines.collectives(ranks, time.monotonic() + 2)   # what a stack hides
-        doing = {rank: diagnose.activity(frames.get(rank, [])) for rank in ranks}
-        doing = {rank: (in_dist or flight.refine("", said.get(rank, [])).startswith(
-                            "in Work.wait"),
-                        flight.refine("", said.get(rank, [])) or what)
-                 for rank, (in_dist, what) in doing.items()}
+        seen = places.look(self.engines, ranks, stacks=4, answers=2).places   # answers: what a stack hides
+        doing = {rank: (place.in_dist, place.doing) for rank, place in seen.items()}
         waiting = [rank for rank in ranks if doing[rank][0]]
         tail = ("It keeps running; its output appears when a later ddplab cell finishes, "
                 "or call lab.wait().")
@@ -340,7 +328,7 @@ class Calls:
         loss = self.engines.confirm_loss(failures)
         if loss is not None:
             raise self.died(loss)
-        where = self._locate(still, 4)[0]
+        where = places.look(self.engines, [t.rank for t in still], stacks=4).where()
         self.broken = STUCK_AFTER_FAILURE
         error = rank_error(failures)
         lines = [str(error), "Meanwhile:"]
@@ -349,20 +337,22 @@ class Calls:
         lines.append("Those ranks cannot be freed from inside. Recover with: lab.restart()")
         return RankError("\n".join(lines), failures)
 
-    def _hang_error(self, tasks: list[Task], timeout: float, what: str,
-                    watch: Watch | None = None) -> HangError:
+    def _hang_error(self, call: Call, what: str) -> HangError:
+        tasks, timeout, verdict = call.tasks, call.timeout, call.verdict
         states = {t.rank: ("still running" if t.outcome is None else
                            "finished" if t.outcome["ok"] else "failed") for t in tasks}
-        still = sorted({t.rank for t in tasks if t.outcome is None})
-        seen = watch.seen(still) if watch is not None else None   # the stacks it just read
-        where, stacks = seen or self._locate([t for t in tasks if t.outcome is None], 4)
-        collectives = self.engines.collectives(list(range(self.engines.world_size)),
-                                               time.monotonic() + 2)
-        where = {rank: flight.refine(line, collectives.get(rank, [])) for rank, line in where.items()}
-        # In its own code: as the rank says it (its site), else as its stack suggests.
-        busy = sorted(r for r in where if flight.site(collectives.get(r, [])).get(
-            "own", diagnose.busy_in_own_code(stacks.get(r, ""))))
-        head = watch.headline(timeout) if watch is not None else ""
+        still = call.running()
+        # One look at where the ranks are: the stacks the stall watch just read, if it read
+        # every one, and every rank's own answer (what a stack hides, and the recorder).
+        ranks = list(range(self.engines.world_size))
+        seen = places.look(self.engines, still if verdict is None or verdict.places is None
+                           else [], stacks=4, answers=2, ask=ranks)
+        if verdict is not None and verdict.places is not None:
+            seen.places = {rank: places.place(list(p.frames), seen.answers.get(rank, []))
+                           for rank, p in verdict.places.items()}
+        where, stacks, collectives = seen.where(), seen.stacks(), seen.answers
+        busy = sorted(rank for rank in where if seen.places[rank].busy)
+        head = verdict.headline if verdict is not None else ""
         lines = [head or f"ddplab: the {what} did not finish within timeout={timeout:g} s; "
                  + diagnose.headline(busy, sorted(set(where) - set(busy)), timeout)]
         # A rank still running an earlier cell (a %%rank cell left running) is at that cell's
@@ -376,7 +366,7 @@ class Calls:
             lines.append(f"  rank {rank}: " + (f"still {at}" if at else state))
         if any(diagnose.waiting_to_join(w) for w in where.values()):
             lines.append(diagnose.join_hint(self.engines.world_size))
-        capped = watch is not None and watch.stopped == "limit"
+        capped = verdict is not None and verdict.capped
         # A job stopped at its cap was moving: no verdict on who waits for whom.
         lines += [line for line in flight.report(collectives, busy, timeout)
                   if not (capped and line.startswith("ddplab:"))]

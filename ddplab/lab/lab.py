@@ -6,7 +6,8 @@ package docstring). A ``Lab`` is composed of two parts and never subclassed:
 - a ``Ranks`` (``ddplab.lab.ranks``): the processes, on this machine
   (``LocalRanks``), on several hosts (``HostRanks``), or another's lab
   attached to (``AttachedRanks``, the grader's);
-- a ``Calls`` (``ddplab.lab.calls``): what was sent to the ranks and how it ended.
+- a ``Calls`` (``ddplab.lab.calls``): what was sent to the ranks and how it ended,
+  with the watchers the lab chose for each wait (``ddplab.lab.watchers``).
 
 ``Lab`` itself checks arguments, keeps the lab's lifecycle (start, restart,
 stop, the exit handler) and returns results by rank.
@@ -26,6 +27,12 @@ from . import current_lab, owncode, shipping, template
 from .calls import Calls, Task
 from .local import LocalRanks
 from .ranks import Joins, LabSpec, Ranks
+from .stall import StallWatch
+from .watchers import Front, Kinds
+
+#: The watchers of a lab in a notebook (``ddplab.lab.watchers``): what each call's wait does
+#: besides waiting. A lab attached to another's ranks is given none.
+IN_NOTEBOOK: Kinds = (Front, StallWatch)
 
 __all__ = ["Lab", "LabSpec", "Task"]
 
@@ -34,13 +41,16 @@ class Lab:
     """A running group of ranks. Make one with ``ddplab.start`` (or ``ddplab.attach``).
 
     ``Lab(spec, gpus)`` runs the ranks on this machine; ``Lab(spec, engines=...)``
-    runs them wherever that ``Ranks`` puts them.
+    runs them wherever that ``Ranks`` puts them. ``watchers``: what each call's wait
+    runs besides waiting (``ddplab.lab.watchers``; default ``IN_NOTEBOOK``, the
+    notebook's front and the stall watch; ``()`` for none).
     """
 
-    def __init__(self, spec: LabSpec, gpus: int = 0, *, engines: Ranks | None = None) -> None:
+    def __init__(self, spec: LabSpec, gpus: int = 0, *, engines: Ranks | None = None,
+                 watchers: Kinds = IN_NOTEBOOK) -> None:
         self.spec = spec
         self._engines: Ranks = LocalRanks(spec, gpus) if engines is None else engines
-        self._calls = Calls(self._engines, bare=spec.init_method is None)
+        self._calls = Calls(self._engines, watchers, bare=spec.init_method is None)
         self._attached = False         # inside lab.debugpy(): calls wait without the lab's timeout
 
     # ------------------------------------------------------------- state
@@ -390,6 +400,8 @@ class Lab:
         ``timeout`` is a no-progress timeout: a job that computes, or whose collectives
         move, runs on past it; ``HangError`` once no rank made progress for a whole
         ``timeout`` (``ddplab.lab.stall``). ``limit`` (seconds): the job's whole time at most.
+        A script that must start its own processes (``mp.spawn`` inside it, torchrun's
+        restarts) runs through ``ddplab.launch.spawn`` / ``launch.torchrun`` instead.
         """
         return owncode.spawn(self._calls, fn, args, self._timeout(timeout), nprocs=nprocs,
                              join=join, limit=self._limit(limit))

@@ -28,6 +28,7 @@ from .. import procs
 from ..env import choose_backend, free_port, note_rank_memory, omp_threads, worker_env
 from ..errors import EngineDiedError
 from ..rank import engine
+from ..rank.where import NO_STACK
 from ..text import plural
 from . import diagnose, flight, template
 from .ranks import EngineSet, Joins, LabSpec, Loss, heartbeat_args
@@ -258,10 +259,9 @@ class LocalRanks:
                     self._handles[rank], self._stack_file(rank), deadline))
                 for rank in sorted(ranks)}
 
-    def locate(self, ranks: list[int], deadline: float) -> tuple[dict, dict]:
-        frames = self.frames(ranks, deadline)
-        return ({rank: diagnose.where(f) for rank, f in frames.items()},
-                {rank: diagnose.format_stack(f) for rank, f in frames.items()})
+    def out_of_reach(self, rank: int) -> str:
+        """A local rank whose stack did not come (it did not answer the signal in time)."""
+        return NO_STACK
 
     def collectives(self, ranks: list[int], deadline: float) -> dict[int, list[dict]]:
         """Each rank's latest collectives per group, from torch's flight recorder."""

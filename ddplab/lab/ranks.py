@@ -24,7 +24,7 @@ What every implementation provides, and nothing else is asked of it:
 ``lost(wait)``                     the ranks whose engine is gone, and why (a ``Loss``)
 ``confirm_loss(failures)``         after a rank failed: was a rank (or host) lost?
 ``frames(ranks, deadline)``        each running rank's main stack (``{}``: unreadable)
-``locate(ranks, deadline)``        a one-line place and a short stack per rank
+``out_of_reach(rank)``             what a rank's place reads when its stack cannot be read
 ``collectives(ranks, deadline)``   each rank's latest collectives (flight recorder)
 ``cpu_seconds(ranks)``             CPU time each rank's process tree used (``{}``: unreadable)
 ``recorded(ranks, deadline)``      what a running trace recorded so far, even on a stuck rank
@@ -42,6 +42,9 @@ A ``Ranks`` never sends a call through the lab's ``Calls``: forming the group
 is the lab's (``Lab.start`` and ``restart`` submit the ``Joins`` a ``Ranks``
 returns and wait for them as for any call, so a failed or hung join is
 reported like a cell's).
+
+Where a rank is, from its stack and its own answer, is read in one place for every caller
+(``ddplab.lab.places``), from ``frames`` and ``collectives``.
 
 ``EngineSet`` holds what the local and multi-host implementations share: the ipyparallel client,
 the engine of each rank, and the views that send one call to many engines.
@@ -167,7 +170,7 @@ class Ranks(Protocol):
     def lost(self, wait: float = 0.0) -> Loss | None: ...
     def confirm_loss(self, failures: dict[int, str]) -> Loss | None: ...
     def frames(self, ranks: list[int], deadline: float) -> dict[int, list]: ...
-    def locate(self, ranks: list[int], deadline: float) -> tuple[dict, dict]: ...
+    def out_of_reach(self, rank: int) -> str: ...
     def collectives(self, ranks: list[int], deadline: float) -> dict[int, list[dict]]: ...
     def cpu_seconds(self, ranks: list[int]) -> dict[int, float]: ...
     def recorded(self, ranks: list[int], deadline: float) -> dict[int, dict]: ...

@@ -1,9 +1,10 @@
 """Stuck, or only long? What a call's timeout asks the ranks before it calls them hung.
 
-A timeout that passes is not yet a hang. ``Calls.finish`` asks a ``Watch`` at
-each expiry whether to wait on, and it answers from where the ranks are (their
-stacks, read as the hang report reads them), the CPU time their processes
-used, and torch's flight recorder. Two policies:
+A timeout that passes is not yet a hang. ``StallWatch``, one of the watchers a
+lab in a notebook runs (``ddplab.lab.watchers``), is asked at each expiry whether
+to wait on, and it answers from where the ranks are (``ddplab.lab.places``: their
+stacks, read as the hang report reads them, and their own answers), the CPU time
+their processes used, and torch's flight recorder. Two policies, by the call's kind:
 
 - **A cell's deadline** (``lab.run``, ``%%ranks``, checks): ``timeout`` bounds
   the ranks' *code*, so an endless loop in a cell still ends at it. Sending the
@@ -34,6 +35,8 @@ used, and torch's flight recorder. Two policies:
   it, ``blocked_s``), without using the CPU, ends the job, even while another
   rank computes for ever (``stopped == "waiting"``).
 
+  Their verdicts read as a launched job's do (``ddplab.lab.verdicts``).
+
 Both: a rank that *returned* while the ranks still running all sit in a
 torch.distributed call is no progress but a verdict. Nothing is left to end
 their wait, so once each has sat there ``RETURN_SETTLE`` seconds (or half the
@@ -52,70 +55,89 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 
 from .. import procs
-from ..rank.where import locate
 from ..text import plural
-from . import diagnose, flight
+from . import flight, places, verdicts
+from .places import code_returned
 from .ranks import Ranks
+from .watchers import FINAL, JOB, Call, Verdict
 
+__all__ = ["StallWatch", "code_returned"]
 log = logging.getLogger(__name__)
 
-#: The functions of ``ddplab/rank/engine.py`` that run a rank's code, and the one that checks,
-#: once the code returned, that its value can be sent back.
-_RUNS_CODE = ("call", "run_cell", "call_pickled")
-_CHECKS_VALUE = "_sendable"
-_ENGINE_FILE = os.path.join("ddplab", "rank", "engine.py")
 #: How long one look may spend reading stacks and recorders.
 LOOK_S = 3.0
 #: Seconds the ranks still running must sit in a torch.distributed call, after another returned,
 #: before the call ends as abandoned (half the timeout where that is less).
 RETURN_SETTLE = 2.0
-#: How often ``abandoned`` asks the ranks where they are (a question to a thread of each rank).
+#: How often ``abandoned`` asks the ranks where they are (a question to a thread of each rank);
+#: also how long a wait runs before the first ask, so a quick call asks nothing at all (the
+#: first ask at once cost every ``lab.run`` a round of questions: 14 ms under load).
 ABANDON_LOOK_S = 0.5
 
 
-def code_returned(frames: list[tuple[str, int, str]]) -> bool:
-    """Whether a rank whose call has not come back has left the call's code (innermost first).
-
-    True when the rank is checking its value or no longer runs the call at all (ipyparallel
-    pickles and sends the result); False while the code runs, and for an unread stack.
-    """
-    for filename, _, function in frames:
-        if filename.endswith(_ENGINE_FILE):
-            if function == _CHECKS_VALUE:
-                return True
-            if function in _RUNS_CODE:
-                return False
-    return bool(frames)
-
-
-class Watch:
-    """What a call's timeout does at each expiry; see this module's docstring.
-
-    ``job``: a no-progress timeout (``lab.spawn``, ``lab.run_script``); else a cell's deadline.
-    ``limit``: the job's whole time at most (None: no cap).
+class StallWatch:
+    """What a call's timeout does at each expiry, a ``Watcher`` (``ddplab.lab.watchers``); see
+    this module's docstring. The call's ``kind`` says which policy: a cell's deadline, a job's
+    no-progress timeout (``limit``: the job's whole time at most), or none (a final timeout).
     """
 
-    def __init__(self, engines: Ranks, *, job: bool = False, limit: float | None = None) -> None:
+    def __init__(self, engines: Ranks | None = None, *, job: bool = False,
+                 limit: float | None = None) -> None:
         self.engines = engines
         self.job = job
         self.limit = limit
+        self.final = False
         self.stopped = ""                # "stalled", "limit" or "": why the wait ended
         self.waiting: dict[int, bool] = {}   # at the last look: which ranks wait in communication
         self._begin = self._looked = time.monotonic()
         self._cpu: dict[int, float] = {}
         self._flight: dict[int, str] = {}
         self._where: dict[int, str] = {}
-        self._frames: dict[int, list] = {}   # the stacks of the last look
+        self._places: dict[int, places.Place] = {}   # the last look's
         self.stuck: list[int] = []       # "waiting", "abandoned": the ranks that waited
         self.returned: list[int] = []    # "abandoned": the ranks that had returned
         self._busy: set[int] = set()     # the ranks that used the CPU in the last window
         self._next_ask = 0.0             # ``abandoned``: when to ask again
         self._calm: tuple[float, dict[int, float]] | None = None   # its first calm look
 
+    # ------------------------------------------------------------- the Watcher protocol
+    def start(self, call: Call) -> None:
+        """Take the call's policy; note where a job starts from (its CPU time and recorder)."""
+        self.engines, self.job, self.limit = call.engines, call.kind == JOB, call.limit
+        self.final = call.kind == FINAL
+        if self.final:
+            return
+        self.begin(call.running())
+        self._next_ask = self._begin + ABANDON_LOOK_S
+        call.deadline = min(call.deadline, self._begin + self.first(call.timeout))
+
+    def tick(self, call: Call, now: float) -> Verdict | None:
+        """A verdict as soon as the ranks still running wait for nothing that can come."""
+        running = call.running()
+        if self.final or call.failed_at is not None or not running:
+            return None
+        if self.abandoned(running, call.returned(), call.timeout, now):
+            return Verdict(self.stopped, self.headline(call.timeout))
+        return None
+
+    def expired(self, call: Call, now: float) -> Verdict | None:
+        """Wait on (the deadline moved) while the job progresses, else the verdict."""
+        if self.final:
+            return None
+        running = call.running()
+        more = self.more(running, call.timeout)
+        if more:
+            call.deadline = time.monotonic() + more
+            return None
+        return Verdict(self.stopped or "timeout", self.headline(call.timeout), self.seen(running))
+
+    def stop(self, call: Call) -> None:
+        """Nothing to end: a look leaves nothing running."""
+
+    # ------------------------------------------------------------- the decisions
     def begin(self, ranks: list[int]) -> None:
         """Note where a job starts from: its CPU time and recorder (a cell's deadline needs none)."""
         self._begin = self._looked = time.monotonic()
@@ -129,17 +151,18 @@ class Watch:
 
     def more(self, ranks: list[int], timeout: float) -> float:
         """At an expiry, with ``ranks`` still running: seconds to wait on (0: stop here)."""
-        frames = self._frames = self.engines.frames(ranks, time.monotonic() + LOOK_S)
-        found = {rank: locate(f) for rank, f in frames.items() if f}
-        self.waiting = {rank: where.in_dist for rank, where in found.items()}
-        returned = [rank for rank in ranks if code_returned(frames.get(rank, []))]
+        seen = places.look(self.engines, ranks, stacks=LOOK_S, answers=LOOK_S if self.job else 0)
+        self._places = seen.places
+        found = {rank: place for rank, place in seen.places.items() if place.read}
+        self.waiting = {rank: place.in_dist for rank, place in found.items()}
+        returned = [rank for rank in ranks if seen.places[rank].returned]
         if not self.job:
             if ranks and len(returned) == len(ranks):
                 log.debug("ddplab: at the timeout, ranks %s have returned; their results are on "
                           "the way: waiting on", returned)
                 return timeout
             return 0.0
-        answers = self.engines.collectives(ranks, time.monotonic() + LOOK_S)
+        answers = seen.answers
         why = self._progress(ranks, found, returned, answers)
         if not found and not self._cpu:
             self.stopped = "timeout"         # nothing readable (ranks on other hosts): a plain timeout
@@ -171,19 +194,20 @@ class Watch:
         self.stopped = "stalled"
         return 0.0
 
-    def abandoned(self, running: list[int], returned: list[int], timeout: float) -> bool:
+    def abandoned(self, running: list[int], returned: list[int], timeout: float,
+                  now: float | None = None) -> bool:
         """Whether ``running`` ranks wait for ``returned`` ones that will never come back, or for
         each other in collectives that disagree (the flight recorder's verdict): each has sat
         ``RETURN_SETTLE`` s (half ``timeout`` if less) in a torch.distributed call, and none
         used the CPU since the last ask. Asks every ``ABANDON_LOOK_S`` seconds."""
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         if not running or now < self._next_ask:
             return False
         self._next_ask = now + ABANDON_LOOK_S
         settle = min(RETURN_SETTLE, timeout / 2)
         # A short wait for the answers: the call's own wait (its live output) stalls meanwhile,
         # and a rank too busy to answer soon (a C call holding the GIL) is not waiting.
-        answers = self.engines.collectives(running, now + ABANDON_LOOK_S)
+        answers = places.look(self.engines, [], answers=ABANDON_LOOK_S, ask=running).answers
         held = [flight.site(answers.get(rank, [])).get("blocked_s") for rank in running]
         if any(h is None or h < settle for h in held):
             self._calm = None
@@ -200,15 +224,14 @@ class Watch:
         self.stuck, self.returned = sorted(running), sorted(returned)
         return True
 
-    def seen(self, ranks: list[int]) -> tuple[dict, dict] | None:
-        """Where ``ranks`` were at the last look, and their stacks, as ``Ranks.locate`` says it;
-        None unless that look read every one of them (the hang report reads them itself)."""
-        if not ranks or any(not self._frames.get(rank) for rank in ranks):
+    def seen(self, ranks: list[int]) -> dict[int, places.Place] | None:
+        """Where ``ranks`` were at the last look; None unless that look read every one of
+        them (the hang report then looks itself)."""
+        if not ranks or any(not self._places.get(rank, places.Place("")).read for rank in ranks):
             return None
-        return ({rank: diagnose.where(self._frames[rank]) for rank in ranks},
-                {rank: diagnose.format_stack(self._frames[rank]) for rank in ranks})
+        return {rank: self._places[rank] for rank in ranks}
 
-    def _progress(self, ranks: list[int], found: dict, returned: list[int],
+    def _progress(self, ranks: list[int], found: dict[int, places.Place], returned: list[int],
                   answers: dict[int, list[dict]]) -> str:
         """Why the job progressed since the last look ("" if it did not); notes this look
         (``answers``: what the ranks said of their collectives and where they are)."""
@@ -226,7 +249,7 @@ class Watch:
                  recorded[rank] != self._flight.get(rank)]
         if moved:
             reasons.append(f"collectives moved on {plural(len(moved), 'rank')} {_names(moved)}")
-        where = {rank: w.doing() for rank, w in found.items()}
+        where = {rank: place.doing for rank, place in found.items()}
         went = [rank for rank in where if rank in self._where and where[rank] != self._where[rank]]
         if went:
             reasons.append(f"{plural(len(went), 'rank')} {_names(went)} moved on in the code")
@@ -234,7 +257,7 @@ class Watch:
         return "; ".join(reasons)
 
     def _recorders(self, ranks: list[int]) -> dict[int, str]:
-        return _recorded(self.engines.collectives(ranks, time.monotonic() + LOOK_S))
+        return _recorded(places.look(self.engines, [], answers=LOOK_S, ask=ranks).answers)
 
     def headline(self, timeout: float) -> str:
         """The first words of the hang report of a call this watch stopped ("" if it did not)."""
@@ -251,31 +274,30 @@ class Watch:
                     f"their collectives disagree (below): none of them can finish, so this is a "
                     f"hang, said now rather than at timeout={timeout:g} s.")
         if self.stopped == "waiting":
-            return (f"ddplab: {plural(len(stuck), 'rank')} {_names(stuck)} "
-                    f"{'have' if many else 'has'} waited in one torch.distributed call for "
-                    f"timeout={timeout:g} s without it finishing (no CPU used): that wait is the "
-                    f"hang, whatever the other ranks do meanwhile.")
+            return verdicts.waited({rank: self._places[rank].line if rank in self._places and
+                                    self._places[rank].read else "" for rank in stuck}, timeout)
         if self.stopped == "limit":
             return (f"ddplab: the job ran for limit={self.limit:g} s, its cap, and was stopped; it "
                     f"made progress in the last {timeout:g} s, so this is no sign of a hang.")
         if self.stopped != "stalled":
             return ""
-        head = f"ddplab: no rank made progress for {timeout:g} s"
         waiting = sorted(rank for rank, inside in self.waiting.items() if inside)
         sitting = sorted(rank for rank, inside in self.waiting.items() if not inside)
         if self.waiting and not sitting:
-            return (f"{head}: every rank waits in communication (no CPU time used, no collective "
-                    f"finished), so they are waiting for each other (a deadlock).")
+            return verdicts.no_progress(timeout, ": every rank waits in communication (no CPU time "
+                                        "used, no collective finished), so they are waiting for "
+                                        "each other (a deadlock).")
         if not sitting:
-            return f"{head} (no CPU time used, no collective finished)."
+            return verdicts.no_progress(timeout, " (no CPU time used, no collective finished).")
         one = len(sitting) == 1
         also = (f", and {plural(len(waiting), 'rank')} {_names(waiting)} "
                 f"{'waits' if len(waiting) == 1 else 'wait'} in communication (for "
                 f"{'it' if one else 'them'})" if waiting else "")
-        return (f"{head}: {plural(len(sitting), 'rank')} {_names(sitting)} {'is' if one else 'are'} "
-                f"in {'its' if one else 'their'} own code, not a torch.distributed call, but "
-                f"{'sits' if one else 'sit'} there without using the CPU (sleeping, or waiting on "
-                f"a lock, a file, a queue){also}.")
+        return verdicts.no_progress(
+            timeout, f": {plural(len(sitting), 'rank')} {_names(sitting)} {'is' if one else 'are'} "
+            f"in {'its' if one else 'their'} own code, not a torch.distributed call, but "
+            f"{'sits' if one else 'sit'} there without using the CPU (sleeping, or waiting on "
+            f"a lock, a file, a queue){also}.")
 
 def _names(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))

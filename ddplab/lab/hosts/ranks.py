@@ -264,11 +264,10 @@ class HostRanks:
     def frames(self, ranks: list[int], deadline: float) -> dict[int, list]:
         return {}                   # signals do not cross hosts: stacks are out of reach
 
-    def locate(self, ranks: list[int], deadline: float) -> tuple[dict, dict]:
+    def out_of_reach(self, rank: int) -> str:
         # Signals do not cross hosts, so a stuck rank's stack is out of reach.
-        where = {rank: f"running on host {self.placements[rank].host} (its stack cannot be "
-                 f"read from here)" for rank in ranks}
-        return where, {}
+        return (f"running on host {self.placements[rank].host} (its stack cannot be read from "
+                f"here)")
 
     def collectives(self, ranks: list[int], deadline: float) -> dict[int, list[dict]]:
         return {}                   # the recorder's answer lives on the other host
