@@ -72,8 +72,9 @@ class LaunchError(DdplabError):
         self.launch = launch
 
 
-class CommandError(DdplabError, RuntimeError):
-    """Commands ddplab ran side by side (``train.run_commands``) failed or ran out of time."""
+class CommandError(LaunchError, RuntimeError):
+    """Commands ddplab ran side by side (``train.run_commands``) failed or ran out of time: a
+    ``LaunchError`` (the same report, ``launch`` the details) that is also a ``RuntimeError``."""
 
 
 class GradeError(DdplabError, ValueError):

@@ -322,21 +322,24 @@ def torchrun(config: Config | None = None, nproc_per_node: int = 2, nnodes: int 
     Runs ``torchrun --nnodes N --node_rank i --nproc_per_node P -m ddplab.train``
     once per node (several nodes are simulated on this machine), on a free
     port, with the lab's thread count per process (or ``threads``), so the
-    result can be compared with ``lab.run(train)``. Every process is ended
-    even on failure.
+    result can be compared with ``lab.run(train)``. It runs as every launch does
+    (``ddplab.launch.job``): every process is ended even on failure, and a
+    failure raises ``LaunchError`` with each rank's last lines.
     """
     from .env import free_port, omp_threads
-    from .launch import torchrun_command
+    from .launch import job, torchrun_command
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="ddplab-torchrun-") as tmp:
         out = os.path.join(tmp, "result.pt")
         commands = [torchrun_command(["-m", "ddplab.train", *config_args(config), "--out", out],
                                      nnodes=nnodes, node_rank=node,
-                                     nproc_per_node=nproc_per_node, master_port=port)
+                                     nproc_per_node=nproc_per_node, master_port=port,
+                                     log_dir=f"{{dir}}/logs-node{node}")
                     for node in range(nnodes)]
         threads = threads or omp_threads(nproc_per_node)
-        run_commands(commands, timeout, {"OMP_NUM_THREADS": str(threads)})
+        job.run(commands, timeout, ports=[port], torchrun_nproc=nproc_per_node,
+                env={"OMP_NUM_THREADS": str(threads)}, settle=0)
         return torch.load(out, weights_only=False)
 
 
@@ -351,26 +354,19 @@ def config_args(config: Config | None) -> list[str]:
 def run_commands(commands: list[list[str]], timeout: float, env: dict | None = None) -> list[str]:
     """Run commands side by side and return their output; end every process they started.
 
-    Raises ``CommandError`` with each command's output if one fails (at once:
-    no settle time) or they make no progress for ``timeout`` s (no output, no CPU
-    time used: a training that runs long is not stuck, as for ``ddplab.launch``).
-    The commands run as one ``ddplab.procs.Group``: each command's session, and
-    every descendant seen while waiting (torchrun's workers among them), is ended.
+    A launched job (``ddplab.launch.job``, as ``ddplab.launch`` runs its own): raises
+    ``CommandError`` (a ``LaunchError`` and a ``RuntimeError``) with the launch's report
+    if one fails (at once: no settle time) or they make no progress for ``timeout`` s (no
+    output, no CPU time used: a training that runs long is not stuck). Each command's
+    session, and every descendant seen while waiting (torchrun's workers among them), is
+    ended.
     """
-    from . import procs
+    from .launch import failure, job
 
-    group = procs.Group(commands, env={**os.environ, **(env or {})})
-    ran = group.start().wait(timeout, progress=True)
-    if ran.timed_out:
-        failed = (f"the commands made no progress for {timeout:g} s (no output, no CPU time "
-                  f"used): they are probably waiting for each other")
-    elif not ran.ok:
-        failed = "a command failed"
-    else:
-        return [done.output for done in ran]
-    shown = "\n".join(f"--- {' '.join(done.command[:6])} ... (exit {done.returncode}) ---\n"
-                      f"{done.output[-3000:]}" for done in ran)
-    raise CommandError(f"ddplab: {failed}.\n{shown}")
+    result = job.run(commands, timeout, check=False, env=env, settle=0)
+    if not result.ok:
+        raise CommandError(failure.message(result, timeout), result)
+    return result.outputs
 
 
 def _parser() -> argparse.ArgumentParser:

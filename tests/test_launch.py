@@ -175,7 +175,7 @@ def test_failing_launch_raises_with_the_ranks_output_and_leaves_nothing(tmp_path
         launch.spawn(write(tmp_path, "spawn.py", "FAIL = True\n" + SPAWN_SCRIPT), nprocs=2,
                      timeout=TIMEOUT)
     message = str(info.value)
-    assert message.startswith("ddplab: the launch failed")
+    assert message.startswith("ddplab: the job failed")
     assert "ValueError: rank one cannot go on" in message
     assert "Fix the error shown above" in message
     assert not info.value.launch.ok
@@ -187,7 +187,7 @@ def test_hanging_launch_is_ended_after_a_timeout_without_progress(tmp_path, noth
     # it takes on 2 busy cores. Then rank 0 sleeps an hour and rank 1 waits in the barrier:
     # no output, no CPU, and the launch ends a whole timeout later.
     begin = time.monotonic()
-    with pytest.raises(launch.LaunchError, match=r"made no progress for timeout=5 s \(no output, "
+    with pytest.raises(launch.LaunchError, match=r"the job made no progress for timeout=5 s \(no output, "
                                                  r"no CPU time used\); every process it started "
                                                  r"was ended") as info:
         launch.torchrun(write(tmp_path, "hang.py", HANG_SCRIPT), nproc_per_node=2, timeout=5)
@@ -233,7 +233,7 @@ def test_env_table_reads_reports_by_rank():
 def test_rank_lines_survive_two_ranks_printing_at_once():
     # Unbuffered print writes text and newline separately; ranks interleave between them.
     text = "[rank 1] b1[rank 0] a1\n\nnoise\n[rank 0] a2\n[rank 1] b2\n"
-    assert launch._rank_lines(text) == {0: "a1\na2\n", 1: "b1\nb2\n"}
+    assert launch.job.rank_lines(text) == {0: "a1\na2\n", 1: "b1\nb2\n"}
 
 
 #: Rank 0 waits in a barrier; rank 1 computes for ever (WAIT) or leaves at once (LEAVE).

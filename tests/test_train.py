@@ -155,7 +155,7 @@ def test_run_commands_ends_every_process_when_time_runs_out():
              "print(p.pid, flush=True)\n"
              "time.sleep(120)\n")
     # Its start (output, CPU) is progress; then nothing for a whole timeout: it is ended.
-    with pytest.raises(RuntimeError, match="made no progress for 5 s") as info:
+    with pytest.raises(RuntimeError, match="the job made no progress for timeout=5 s") as info:
         train.run_commands([[sys.executable, "-c", child]], timeout=5)      # the child sleeps 120 s
     grandchild = int(str(info.value).split("---\n")[1].split()[0])
     assert not psutil.pid_exists(grandchild) or \
@@ -172,7 +172,7 @@ def test_run_commands_lets_a_job_that_prints_run_past_its_timeout():
 
 @pytest.mark.slow
 def test_run_commands_reports_a_failure_with_its_output():
-    with pytest.raises(RuntimeError, match="a command failed") as info:
+    with pytest.raises(RuntimeError, match="the job failed") as info:
         train.run_commands([[sys.executable, "-c", "print('boom'); raise SystemExit(3)"]],
                            timeout=60)
     assert "boom" in str(info.value) and "exit 3" in str(info.value)

@@ -22,7 +22,15 @@ Both run jobs, so their ``timeout`` is a no-progress timeout (``ddplab.lab.stall
 a training run that computes, or whose collectives move, runs on past it; the
 job ends with a ``HangError`` only once no rank made progress for a whole
 timeout, and that error's first line says whether every rank waited in
-communication. ``limit=`` (seconds) caps the whole run, if given.
+communication, in the words a launched job's ``LaunchError`` uses
+(``ddplab.lab.verdicts``). ``limit=`` (seconds) caps the whole run, if given.
+
+Which to use: these run on the lab's ranks (its engines), so output comes back by
+rank in the notebook, the globals stay for ``%%ranks``, and the lab's debugger and
+``lab.trace()`` work on them. Code that must start its own processes, as it would
+on a cluster (``torchrun`` itself, a script that calls ``mp.spawn``, restarts with
+``max_restarts``), goes through ``ddplab.launch`` instead: subprocesses, run by one
+job runner (``ddplab.launch.job``).
 
 Either way the ranks meet at a fresh store rank 0 holds for the run, as
 torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE``), whatever port the
@@ -48,7 +56,6 @@ from ..rank import engine, owngroup, script
 from ..text import plural
 from . import shipping
 from .calls import Calls
-from .stall import Watch
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +108,7 @@ def spawn(calls: Calls, fn: Callable, args: tuple, timeout: float,
                             (rank, {"MASTER_ADDR": host, "MASTER_PORT": str(port), "RANK": str(rank),
                                     "WORLD_SIZE": str(world_size)}, run_id), lines, path)
                  for rank in range(world_size)]
-        calls.finish(tasks, timeout, grace=None, watch=Watch(calls.engines, job=True, limit=limit))
+        calls.finish(tasks, timeout, grace=None, job=True, limit=limit)
     finally:
         _close_store(calls, timeout)
     return [task.outcome["value"] for task in sorted(tasks, key=lambda t: t.rank)]
@@ -128,7 +135,7 @@ def run_script(calls: Calls, path: str | os.PathLike, argv: tuple, timeout: floa
     try:
         tasks = [calls.call(rank, engine.call_pickled, pickled, (envs[rank],), {}, kernel_path)
                  for rank in range(calls.engines.world_size)]
-        calls.finish(tasks, timeout, grace=None, watch=Watch(calls.engines, job=True, limit=limit))
+        calls.finish(tasks, timeout, grace=None, job=True, limit=limit)
     finally:
         _close_store(calls, timeout)
 

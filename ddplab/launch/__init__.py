@@ -38,81 +38,31 @@ What it guarantees:
 
 A failed launch raises ``LaunchError`` with each rank's output and the
 launcher's own last lines; ``check=False`` returns the ``Launch`` instead.
+Every launch runs through one job runner (``ddplab.launch.job``), as
+``ddplab.train``'s launches do, with one failure report (``failure``).
+
+Which to use: code in a file that starts its own processes (torchrun,
+``mp.spawn``), as it would be run on a cluster, goes through here. A function,
+or a script written for torchrun, that should run on the lab's own ranks (output
+by rank in the notebook, globals kept for ``%%ranks``, the lab's debugger and
+trace) goes through ``lab.spawn`` or ``lab.run_script``; their hang reports use
+the same words (``ddplab.lab.verdicts``).
 """
 
 from __future__ import annotations
 
 import difflib
-import glob
 import json
 import os
-import re
-import shutil
 import sys
-import tempfile
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from .. import procs
-from ..env import TORCHRUN_VARIABLES, check_timeout, check_world_size, free_port
-from ..errors import ConfigError, LaunchError
-from ..text import replace_tracebacks
-from . import hook as launched
-from .failure import (
-    command_line as command_line,  # public: a launch as you would type it
-    message as failure_message,
-)
+from ..env import check_timeout, check_world_size, free_port
+from ..errors import ConfigError, LaunchError as LaunchError
+from . import job
+from .failure import command_line as command_line  # public: a launch as you would type it
+from .job import ENV_NAMES as ENV_NAMES, Launch as Launch, env_table as env_table
 
 HOST = "127.0.0.1"
-#: The variables a launcher may set for each rank, in the order tables show them.
-ENV_NAMES = tuple(name for name in TORCHRUN_VARIABLES if name != "GROUP_WORLD_SIZE")
-_REPORT_DIR = "DDPLAB_LAUNCH_DIR"
-# After one command fails, the others get this long to exit by themselves (their own error
-# is often the real cause) before they are ended (``procs.END_GRACE_S`` after SIGTERM).
-_SETTLE_S = 5.0
-# torchrun's agent raises this on the SIGTERM that ends it: when ddplab sent it, one line instead.
-_SIGNALLED = "torch.distributed.elastic.multiprocessing.api.SignalException:"
-_RANK_MARK = re.compile(r"\[rank (\d+)\] ?")
-
-
-@dataclass
-class Launch:
-    """What a launch did: its commands, how they ended, and each rank's output."""
-    commands: list[list[str]]
-    returncodes: list[int | None]          # None: ended by ddplab (timeout, or another failed)
-    timed_out: bool
-    launcher_output: str                   # the launchers' own stdout and stderr, cleaned
-    rank_output: dict[int, str] = field(default_factory=dict)
-    reports: dict[int, dict] = field(default_factory=dict)
-    attempts: int = 1                      # torchrun: how many times the workers were started
-    groups_formed: int | None = None       # processes that formed a process group (None: unknown)
-    #: Ranks that sat a whole timeout in one torch.distributed call, and where ("in all_reduce
-    #: (train.py line 9)"): the launch was ended for them, whatever the others did.
-    waited: dict[int, str] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.timed_out and all(code == 0 for code in self.returncodes)
-
-    def output_by_rank(self) -> str:
-        """Each rank's output under a ``[rank N]`` label, rank 0 first."""
-        return "\n".join(f"[rank {rank}]\n{text.rstrip()}"
-                         for rank, text in sorted(self.rank_output.items())).rstrip()
-
-    def env_table(self, names: tuple[str, ...] = ENV_NAMES) -> str:
-        """The variables each rank reported with ``report_env()``, as a text table."""
-        return env_table(self.reports, names)
-
-    def __repr__(self) -> str:
-        state = ("ok" if self.ok else "timed out" if self.timed_out
-                 else f"failed (exit codes {self.returncodes})")
-        if self.ok and self.groups_formed == 0:
-            state = ("exited 0 but no process formed a process group (never called "
-                     "init_process_group: a GPU-only script on a machine without GPUs?)")
-        if self.attempts > 1:
-            state += f", {self.attempts} attempts"
-        return f"<ddplab.launch.Launch: {len(self.commands)} command(s), {state}, " \
-               f"{len(self.reports)} rank(s) reported>"
 
 
 def report_env(**extra) -> dict:
@@ -129,7 +79,7 @@ def report_env(**extra) -> dict:
         report["dist.get_rank()"] = dist.get_rank()
         report["dist.get_world_size()"] = dist.get_world_size()
     report.update(extra)
-    folder = os.environ.get(_REPORT_DIR)
+    folder = os.environ.get(job.REPORT_DIR)
     if folder:
         key = report.get("dist.get_rank()", report["RANK"] or os.getpid())
         path = os.path.join(folder, f"report-{key}.json")
@@ -137,31 +87,6 @@ def report_env(**extra) -> dict:
             json.dump(report, f)
         os.replace(path + ".tmp", path)    # whole or absent, never half-written
     return report
-
-
-def env_table(reports: dict[int, dict] | list[dict], names: tuple[str, ...] = ENV_NAMES) -> str:
-    """Reports by rank as a text table: one row per variable, one column per rank.
-
-    Unset variables show as ``-``; a MASTER_PORT number shows as ``PORT``
-    (it is a free port, different on every run).
-    """
-    if isinstance(reports, list):
-        reports = dict(enumerate(reports))
-    ranks = sorted(reports)
-    extra = [k for r in ranks for k in reports[r] if k not in names]
-    rows = list(names) + list(dict.fromkeys(extra))
-
-    def cell(value, name):
-        if value is None:
-            return "-"
-        if name == "MASTER_PORT" and str(value).isdigit():
-            return "PORT"
-        return str(value)
-
-    table = [["variable"] + [f"rank {r}" for r in ranks]]
-    table += [[name] + [cell(reports[r].get(name), name) for r in ranks] for name in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
 
 
 # --------------------------------------------------------------------- launchers
@@ -189,7 +114,7 @@ def torchrun(script: str, *args: str, nproc_per_node: int = 2, nnodes: int = 1,
                                  nproc_per_node=nproc_per_node, master_port=port,
                                  log_dir=f"{{dir}}/logs-node{node}", options=extra)
                 for node in range(nnodes)]
-    return _run(commands, [port], timeout, check, torchrun_nproc=nproc_per_node)
+    return job.run(commands, timeout, check=check, ports=[port], torchrun_nproc=nproc_per_node)
 
 
 #: torchrun options ddplab sets itself, and why.
@@ -279,113 +204,13 @@ def spawn(script: str, *args: str, nprocs: int = 2, nnodes: int = 1, timeout: fl
         command = [sys.executable, script, *map(str, args)]
         commands = ([["env", f"DDPLAB_NODE_RANK={node}", *command] for node in range(nnodes)]
                     if nnodes > 1 else [command])
-        return _run(commands, [port], timeout, check, env=env)
+        return job.run(commands, timeout, check=check, ports=[port], env=env)
     nodes = [[str(node), str(nnodes)] for node in range(nnodes)] if nnodes > 1 else [[]]
-    return _run([[sys.executable, script, str(nprocs), str(port), *node] for node in nodes],
-                [port], timeout, check)
+    return job.run([[sys.executable, script, str(nprocs), str(port), *node] for node in nodes],
+                   timeout, check=check, ports=[port])
 
 
 def _check_count(value: object, name: str, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"ddplab: {name} must be a whole number of {what}, at least 1, but got "
                           f"{value!r}. Use for example {name}=2.")
-
-
-# ----------------------------------------------------------------- the runner
-# What the launched processes run first, and what they leave: ``launch.hook``; the message of
-# a failed launch, and a launch's command line: ``launch.failure``.
-def _run(commands: list[list[str]], ports: list[int], timeout: float, check: bool,
-         torchrun_nproc: int | None = None, env: dict[str, str] | None = None) -> Launch:
-    folder = tempfile.mkdtemp(prefix="ddplab_launch-")     # mode 0700
-    try:
-        commands = [[word.replace("{dir}", folder) for word in cmd] for cmd in commands]
-        given, env = env or {}, {k: v for k, v in os.environ.items()
-                                 # Only the launcher decides these, so a table shows what it set.
-                                 if k not in TORCHRUN_VARIABLES and k != "TORCHELASTIC_USE_AGENT_STORE"}
-        hook = launched.install(folder)
-        os.mkdir(tmp := os.path.join(folder, "tmp"))  # mp.spawn's error files, torchrun's logs: gone with it
-        env.update({_REPORT_DIR: folder, "TMPDIR": tmp, "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1",
-                    "PYTHONPATH": os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))},
-                   **given)
-        # Each launcher leads a session of its own: ending it ends the children that stay in it
-        # (mp.spawn's), never the kernel. torchrun's workers lead sessions of their own; the
-        # group notes them while it waits.
-        waited: dict[int, str] = {}
-        ran = procs.Group(commands, env=env).start().wait(
-            timeout, settle=_SETTLE_S, progress=True,
-            stuck=lambda: bool(waited.update(launched.waited(folder, timeout)) or waited))
-        clean = _cleaner(folder, ports)
-        why = (f"a rank waited in one torch.distributed call for timeout={timeout:g} s"
-               if ran.stopped == "stuck" else f"no progress for timeout={timeout:g} s"
-               if ran.timed_out else "another launcher failed")
-        ended = f"ddplab ended this launcher with SIGTERM: {why} (torch's traceback for it left out)"
-        launcher = "\n".join(clean(replace_tracebacks(done.output, _SIGNALLED, ended)
-                                   if done.ended else done.output) for done in ran)
-        attempts = 1
-        if torchrun_nproc is None:
-            rank_output = _rank_lines(launcher)
-        else:
-            rank_output, attempts = _torchrun_logs(folder, len(commands), torchrun_nproc, clean)
-        formed = launched.formed(folder)
-        reports = {}
-        for path in glob.glob(os.path.join(folder, "report-*.json")):
-            with open(path) as f:
-                report = json.load(f)
-            rank = report.get("dist.get_rank()", report.get("RANK"))
-            reports[int(rank) if rank is not None else len(reports)] = report
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    result = Launch(commands, ran.returncodes, ran.timed_out, launcher, rank_output,
-                    dict(sorted(reports.items())), attempts, formed, waited)
-    result.commands = [[clean(word) for word in cmd] for cmd in commands]
-    if check and not result.ok:
-        raise LaunchError(failure_message(result, timeout), result)
-    return result
-
-
-def _cleaner(folder: str, ports: list[int]):
-    def clean(text: str) -> str:
-        text = text.replace(folder, "<dir>")
-        for port in ports:
-            text = re.sub(rf"(?<!\d){port}(?!\d)", "PORT", text)
-        return text
-    return clean
-
-
-def _rank_lines(text: str) -> dict[int, str]:
-    """Lines printed as ``[rank N] ...``, grouped by N, each rank's lines in their order.
-
-    Unbuffered ``print`` writes the text and its newline in two calls, so two
-    ranks printing at once can produce ``[rank 0] a[rank 1] b\n\n``: a line
-    therefore ends at a newline or at the next ``[rank N]`` mark.
-    """
-    out: dict[int, list[str]] = {}
-    marks = list(_RANK_MARK.finditer(text))
-    for mark, after in zip(marks, marks[1:] + [None]):
-        end = after.start() if after is not None else len(text)
-        line = text[mark.end():end].split("\n", 1)[0]
-        out.setdefault(int(mark.group(1)), []).append(line)
-    return {rank: "\n".join(lines) + "\n" for rank, lines in sorted(out.items())}
-
-
-def _torchrun_logs(folder: str, nnodes: int, nproc: int, clean) -> tuple[dict[int, str], int]:
-    """torchrun's per-worker files (``<log_dir>/<run>/attempt_<k>/<local_rank>/``), by global
-    rank, and the number of attempts. After a restart every attempt is kept, each under an
-    ``[attempt K]`` line: the first attempt's error is usually why there was a second."""
-    out, attempts = {}, 1
-    for node in range(nnodes):
-        for local in range(nproc):
-            found = sorted(glob.glob(os.path.join(folder, f"logs-node{node}", "*", "attempt_*",
-                                                  str(local))),
-                           key=lambda d: int(os.path.basename(os.path.dirname(d))[8:]))
-            if not found:
-                continue
-            attempts = max(attempts, len(found))
-            parts = []
-            for k, where in enumerate(found):
-                paths = [os.path.join(where, stream) for stream in ("stdout.log", "stderr.log")]
-                text = "".join(Path(path).read_text() for path in paths if os.path.exists(path))
-                parts.append(text if len(found) == 1 else f"[attempt {k}]\n{text}")
-            out[node * nproc + local] = clean("".join(parts))
-    return dict(sorted(out.items())), attempts
-

@@ -1,10 +1,13 @@
-"""What a failed launch says: ``LaunchError``'s message, from the ``Launch`` it carries.
+"""What a failed job says: ``LaunchError``'s message, from the ``Launch`` it carries.
 
-First what went wrong: a rank that waited a whole timeout in one torch.distributed call
-(``Launch.waited``), a launch that made no progress, or one whose processes failed; and
-a failure that is gloo's "Connection closed by peer" after another rank finished names
-that rank as the one that left without the call. Then what was launched, each rank's last
-lines, the launcher's, and the fix. Also ``command_line``: a launch as you would type it.
+The one failure report of every launched job (``ddplab.launch.job``: ``launch.torchrun``,
+``launch.spawn``, ``train.torchrun``, ``train.run_commands``). First what went wrong, in the
+words ``lab.spawn`` and ``lab.run_script`` use too (``ddplab.lab.verdicts``): a rank that
+waited a whole timeout in one torch.distributed call (``Launch.waited``), a job that made no
+progress, or one whose processes failed; and a failure that is gloo's "Connection closed by
+peer" after another rank finished names that rank as the one that left without the call.
+Then what was launched, each rank's last lines, each launcher's with how it ended, and the
+fix. Also ``command_line``: a launch as you would type it.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from ..lab import diagnose
+from ..lab import diagnose, verdicts
 
 if TYPE_CHECKING:
-    from . import Launch
+    from ..procs import Results
+    from .job import Launch
 
 
 def command_line(launch: Launch, index: int = 0) -> str:
@@ -31,27 +35,25 @@ def command_line(launch: Launch, index: int = 0) -> str:
     return " ".join(os.path.basename(w) if os.path.isabs(w) else w for w in words)
 
 
+def why_ended(ran: Results, timeout: float) -> str:
+    """Why ddplab ended a job's processes, in the words its launchers' output gets."""
+    if ran.stopped == "stuck":
+        return f"a rank waited in one torch.distributed call for timeout={timeout:g} s"
+    return f"no progress for timeout={timeout:g} s" if ran.timed_out else "another launcher failed"
+
+
 def message(result: Launch, timeout: float) -> str:
     what = "\n  ".join(command_line(result, i) for i in range(len(result.commands)))
     if result.waited:
-        ranks = sorted(result.waited)
-        many = len(ranks) > 1
-        where = "; ".join(f"rank {rank} {result.waited[rank]}" for rank in ranks)
-        head = (f"ddplab: {where}: {'each has' if many else 'it has'} waited in that "
-                f"torch.distributed call for timeout={timeout:g} s without it finishing, and that "
-                f"wait is the hang, whatever the other ranks do meanwhile (one computing, or in "
-                f"its own code, has not reached the call, or never will); every process the "
-                f"launch started was ended.")
+        head = verdicts.waited(result.waited, timeout, "every process the launch started was ended")
         fix = "Fix the script (every rank makes the same calls), or give it longer: timeout=..."
     elif result.timed_out:
-        head = (f"ddplab: the launch made no progress for timeout={timeout:g} s (no output, no CPU "
-                f"time used); every process it started was ended. The ranks are probably waiting "
-                f"for each other (or for a rank that never started).")
+        head = verdicts.no_progress(timeout, f" (no output, no CPU time used); {verdicts.ENDED}. "
+                                    f"The ranks are probably waiting for each other (or for a "
+                                    f"rank that never started).")
         fix = "Fix the script, or give it longer: timeout=..."
     else:
-        ended = "; None: ended by ddplab after another failed" if None in result.returncodes else ""
-        head = (f"ddplab: the launch failed (exit codes {result.returncodes}{ended}); every "
-                f"process it started was ended.")
+        head = verdicts.failed(result.returncodes)
         fix = "Fix the error shown above in the script, then launch again."
         left = _left_early(result)
         if left:
@@ -59,7 +61,12 @@ def message(result: Launch, timeout: float) -> str:
     lines = [head, f"Launched:\n  {what}"]
     for rank, text in sorted(result.rank_output.items()):
         lines.append(f"--- rank {rank} ---\n{_tail(text, 15)}")
-    lines.append(f"--- launcher output (last lines) ---\n{_tail(result.launcher_output, 20)}")
+    outputs = result.outputs or [result.launcher_output]
+    for i, text in enumerate(outputs):
+        code = result.returncodes[i] if len(outputs) == len(result.returncodes) else "?"
+        how = "ended by ddplab" if code is None else f"exit {code}"
+        which = "launcher" if len(outputs) == 1 else f"launcher {i + 1} of {len(outputs)}"
+        lines.append(f"--- {which} output ({how}; last lines) ---\n{_tail(text, 20)}")
     lines.append(fix)
     return "\n".join(lines)
 
