@@ -26,12 +26,15 @@ Teaching modules, the top-level modules notebooks may import (``from ddplab impo
 in the kernel or on the ranks: ``algorithms``, ``attention``, ``bench``, ``checkpointing``, ``data``, ``env``,
 ``hints`` (``ddplab.hint``, ``ddplab.solution``), ``hosts``, ``launch``, ``memory``, ``moe``, ``pipeline``,
 ``plan`` (``ddplab.plan(...)``: memory and step time per strategy before the machines),
-``progress``, ``sharding``, ``show``, ``train``.
+``progress``, ``quiet``, ``sharding``, ``show``, ``train``. What a notebook imports is
+this list, the package itself and its checkers, ddplab.check: tools/check_layout.py reads
+every notebook's import lines.
 
 The packages: ``lab`` (the kernel side: a lab, its ranks, its calls), ``rank`` (code that runs
 inside an engine), ``trace`` (the timeline), ``check`` (the notebooks' checkers), ``procs`` (the
 one owner of child processes), ``course`` (release, grading, the CLI). The rest of the top level
-is small shared infrastructure: ``errors``, ``env``, ``limits``, ``text``.
+is small shared infrastructure: ``errors``, ``limits``, ``text`` (``env``, which every part
+uses, is a teaching module: notebook 03 imports it, and it says what torchrun tells each rank).
 ``tools/check_layout.py`` holds the top level to this list.
 """
 

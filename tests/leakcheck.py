@@ -41,7 +41,7 @@ import psutil
 import pytest
 
 PREFIX = "ddplab-"
-#: Seconds a leftover may take to go (a guard polls its kernel every 0.5 s) before it is a leak.
+#: Seconds a leftover may take to go (a tether polls its kernel every 0.5 s) before it is a leak.
 SETTLE_S = 15.0
 
 _own_tmpdir = ""

@@ -98,14 +98,14 @@ def test_rank_code_never_imports_the_kernel_side(check_layout, tmp_path):
         "ddplab/rank/__init__.py": "",
         "ddplab/rank/engine.py": "from ddplab import procs\n"
                                  "def late():\n    from ..lab import cluster\n",
-        "ddplab/rank/guard.py": "import ddplab.lab\n",
+        "ddplab/rank/tether.py": "import ddplab.lab\n",
         "ddplab/rank/typed.py": "from typing import TYPE_CHECKING\n"
                                 "if TYPE_CHECKING:\n    from ddplab.lab.cluster import Lab\n",
     })
     found = "\n".join(check_layout.problems(root))
     assert "ddplab/rank/engine.py:3: imports ddplab.lab.cluster: code under ddplab.rank runs " \
            "in an engine and never imports the kernel-side ddplab.lab" in found
-    assert "ddplab/rank/guard.py:1: imports ddplab.lab:" in found
+    assert "ddplab/rank/tether.py:1: imports ddplab.lab:" in found
     assert "lab/cluster.py" not in found and "typed.py" not in found and "procs" not in found
 
 
@@ -129,7 +129,7 @@ def test_the_top_level_is_the_listed_teaching_modules(check_layout, tmp_path):
         "ddplab/__init__.py": '"""The package.\n\nTeaching modules, which notebooks import: '
                               '``show``,\n``train``, ``gone``.\n\nNot ``hidden``: a later paragraph."""\n',
         "ddplab/__main__.py": "",
-        "ddplab/errors.py": "", "ddplab/env.py": "", "ddplab/limits.py": "",   # infrastructure
+        "ddplab/errors.py": "", "ddplab/limits.py": "", "ddplab/text.py": "",  # infrastructure
         "ddplab/procs.py": "",
         "ddplab/show.py": "", "ddplab/train.py": "",
         "ddplab/hidden.py": "",                       # not listed: a breach
@@ -183,3 +183,68 @@ def test_only_procs_runs_commands_with_subprocess(check_layout, tmp_path):
     assert "ddplab/b.py:2: sp.check_output outside ddplab.procs" in found
     assert "ddplab/c.py:1: from subprocess import call outside ddplab.procs" in found
     assert "fine.py" not in found and "procs/tree.py" not in found, found
+
+
+def test_a_name_stands_once_unless_its_twin_has_a_reason(check_layout, tmp_path):
+    root = _tree(tmp_path, {
+        "ddplab/__init__.py": "",
+        "ddplab/procs.py": "",
+        "ddplab/hosts.py": "",                          # a module and a package of one name
+        "ddplab/lab/__init__.py": "",
+        "ddplab/lab/hosts/__init__.py": "",
+        "ddplab/lab/ranks.py": "", "ddplab/lab/hosts/ranks.py": "",        # two modules
+        "ddplab/lab/flight.py": "", "ddplab/rank/__init__.py": "",
+        "ddplab/rank/flight.py": "",                    # in TWINS: one mechanism's two sides
+    })
+    found = check_layout.problems(root)
+    assert found == [
+        "ddplab/hosts.py and ddplab/lab/hosts/: one name in two folders; rename one so the name "
+        "says which room it is in, or list it in TWINS with the reason",
+        "ddplab/lab/hosts/ranks.py and ddplab/lab/ranks.py: one name in two folders; rename one "
+        "so the name says which room it is in, or list it in TWINS with the reason"], found
+    assert all(reason for reason in check_layout.TWINS.values())
+
+
+def _notebook(*cells: str) -> str:
+    import json
+    return json.dumps({"cells": [{"cell_type": "code", "source": cell.splitlines(True)}
+                                 for cell in cells] + [{"cell_type": "markdown",
+                                                        "source": "from ddplab.rank import x"}]})
+
+
+def test_notebooks_import_only_the_public_api(check_layout, tmp_path):
+    root = _tree(tmp_path, {
+        "ddplab/__init__.py": '"""Teaching modules: ``show``, ``launch``, ``env``."""\n',
+        "ddplab/procs.py": "", "ddplab/show.py": "", "ddplab/env.py": "",
+        "ddplab/launch/__init__.py": "", "ddplab/launch/job.py": "",
+        "ddplab/check/__init__.py": "", "ddplab/check/p2p.py": "",
+        "ddplab/rank/__init__.py": "", "ddplab/rank/output.py": "",
+        "notebooks/01_ok.ipynb": _notebook(
+            "import ddplab\nfrom ddplab import show, launch\nfrom ddplab.launch import report_env",
+            "%%ranks\nimport ddplab.env\nddplab.check.ring_token()",
+            "!ls\nawait something()\nfrom ddplab.show import show as s"),
+        "notebooks/02_bad.ipynb": _notebook(
+            "def f():\n    from ddplab.rank.output import hide_fd_output\n    return 1",
+            "%%rank 0\nfrom ddplab.launch import job\nimport ddplab.check.p2p"),
+    })
+    found = check_layout.problems(root)
+    words = ("which is not ddplab's public API (ddplab, a teaching module that ddplab/__init__.py's "
+             "docstring lists, or ddplab.check): import it from a teaching module, or move what it "
+             "needs into one")
+    assert found == [f"notebooks/02_bad.ipynb: cell 0 imports ddplab.rank.output, {words}",
+                     f"notebooks/02_bad.ipynb: cell 1 imports ddplab.launch.job, {words}",
+                     f"notebooks/02_bad.ipynb: cell 1 imports ddplab.check.p2p, {words}"], found
+
+
+def test_a_module_is_teaching_or_infrastructure_never_both(check_layout, tmp_path):
+    root = _tree(tmp_path, {
+        "ddplab/__init__.py": '"""Teaching modules: ``errors``."""\n',
+        "ddplab/procs.py": "", "ddplab/errors.py": "",
+    })
+    assert check_layout.problems(root) == [
+        "ddplab/errors.py: listed both as a teaching module and as infrastructure: it is one or "
+        "the other"]
+
+
+def test_the_notebooks_known_deeper_imports_each_have_a_reason(check_layout):
+    assert all(reason for reason in check_layout.NOTEBOOK_IMPORTS.values())

@@ -30,7 +30,7 @@ import pytest
 import ddplab
 from ddplab import procs
 from ddplab.hosts import Engine, place, rank_env, rank_table
-from ddplab.lab.hosts import launch as hostlaunch, ranks as multihost
+from ddplab.lab.multihost import host_ranks as multihost, start as hoststart
 from ddplab.lab.ranks import heartbeat_args
 
 PER_HOST = 2
@@ -70,14 +70,14 @@ def test_both_kinds_of_ranks_provide_the_whole_ranks_interface():
 
 def test_hosts_must_split_world_size():
     with pytest.raises(ddplab.ConfigError, match="does not split evenly over 3 hosts"):
-        hostlaunch.split_hosts(["a", "b", "c"], 4)
+        hoststart.split_hosts(["a", "b", "c"], 4)
     with pytest.raises(ddplab.ConfigError, match="hosts takes a list"):
-        hostlaunch.split_hosts("a", 4)
-    assert hostlaunch.split_hosts({"a": 3, "b": 1}, 4) == {"a": 3, "b": 1}
+        hoststart.split_hosts("a", 4)
+    assert hoststart.split_hosts({"a": 3, "b": 1}, 4) == {"a": 3, "b": 1}
 
 
 def test_security_args_keep_signing_with_curve():
-    args = hostlaunch.security_args()
+    args = hoststart.security_args()
     assert "--IPController.enable_curve=True" in args
     key = [a for a in args if a.startswith("--Session.key=")][0].split("=", 1)[1]
     assert len(key) == 64
@@ -170,11 +170,11 @@ def hosts_lab():
             network.up()
         except subprocess.CalledProcessError as e:
             pytest.skip(f"cannot create network namespaces here: {e.stderr.strip()}")
-        guard = [sys.executable, "-m", "ddplab.rank.guard"]
+        tether = [sys.executable, "-m", "ddplab.rank.tether"]
         common = [f"--profile-dir={work}", "--cluster-id=netns"]
-        processes.append(_spawn(guard + ["ipyparallel.controller", f"--ip={network.root_ip}",
+        processes.append(_spawn(tether + ["ipyparallel.controller", f"--ip={network.root_ip}",
                                          *heartbeat_args(),
-                                         *hostlaunch.security_args(), *common],
+                                         *hoststart.security_args(), *common],
                                 f"{work}/controller.log"))
         engines: dict[str, list[subprocess.Popen]] = {}
         spawned = 0
@@ -182,7 +182,7 @@ def hosts_lab():
         def spawn_engines(name: str) -> None:
             """Start (or start again) a host's engines."""
             nonlocal spawned
-            engines[name] = [_spawn(guard + ["ipyparallel.engine", "--IPEngine.enable_nanny=False",
+            engines[name] = [_spawn(tether + ["ipyparallel.engine", "--IPEngine.enable_nanny=False",
                                              "--IPEngine.wait_for_url_file=120", *common],
                                     f"{work}/{name}-{spawned + i}.log", netns=name)
                              for i in range(PER_HOST)]
@@ -404,7 +404,7 @@ def test_launchers_are_ipyparallels_own(engines, section, tmp_path):
     from ddplab.lab import LabSpec
     spec = LabSpec(world_size=4, backend="gloo", timeout=60, grace=2, pg_timeout=1800, debug=False)
     counts = {"node1": 2, "user@node2:2222": 2} if engines == "ssh" else None
-    launch = hostlaunch.HostEngines(engines=engines, counts=counts, listen="10.1.2.3",
+    launch = hoststart.HostEngines(engines=engines, counts=counts, listen="10.1.2.3",
                                location="10.1.2.3", ssh_cmd=None, remote_python="python3",
                                config={section: {"mpi_args": ["-x"]}})
     cluster = launch.configure(str(tmp_path), spec)
@@ -412,7 +412,7 @@ def test_launchers_are_ipyparallels_own(engines, section, tmp_path):
     assert cluster.engine_launcher_class.__name__ == section
     assert cluster.controller_ip == "10.1.2.3"
     assert "--IPController.enable_curve=True" in cluster.controller_args
-    assert cluster.config[section].engine_cmd[-2:] == ["ddplab.rank.guard", "ipyparallel.engine"]
+    assert cluster.config[section].engine_cmd[-2:] == ["ddplab.rank.tether", "ipyparallel.engine"]
     assert cluster.config[section].mpi_args == ["-x"]
     if engines == "ssh":
         assert cluster.config.SSHEngineSetLauncher.engines == counts

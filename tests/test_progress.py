@@ -154,7 +154,7 @@ def attached_lab(tmp_path_factory):
 
     from ddplab import procs
     from ddplab.lab import Lab, LabSpec
-    from ddplab.lab.hosts.ranks import HostRanks
+    from ddplab.lab.multihost.host_ranks import HostRanks
 
     work = tmp_path_factory.mktemp("attached")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDPLAB_")}

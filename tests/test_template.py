@@ -142,8 +142,8 @@ def test_template_and_engines_die_with_a_killed_kernel():
 
 
 def template_poll() -> float:
-    from ddplab.rank import guard, template as rank_template
-    return max(rank_template.POLL_SECONDS, guard.POLL_SECONDS)
+    from ddplab.rank import template as rank_template, tether
+    return max(rank_template.POLL_SECONDS, tether.POLL_SECONDS)
 
 
 BORROWER = textwrap.dedent("""

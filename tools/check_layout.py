@@ -37,12 +37,24 @@
    Found in the code: ``subprocess.run(...)`` (under any name the module was
    imported as) or ``from subprocess import run``.
 
+10. A name stands once under ddplab/: no two modules (nor a module and a package) share a
+    name in different folders, so a name says which room it is in (``hosts.py`` beside
+    ``lab/hosts/`` made readers import one ``as placing``). ``TWINS`` lists the names that
+    stand twice on purpose, each with its reason: the kernel's and the rank's side of one
+    mechanism (``lab/flight.py``, ``rank/flight.py``), and the twins other work renames.
+11. What notebooks import is the public API: every ``import ddplab...`` and ``from ddplab...
+    import`` in a code cell of ``notebooks/*.ipynb`` (inside a function too) names ``ddplab``,
+    a teaching module (rule 7's list), or ``ddplab.check``; a deeper module only where
+    ``NOTEBOOK_IMPORTS`` lists it, with its reason. A top-level module is teaching or
+    infrastructure, never both.
+
 Imports under ``if TYPE_CHECKING:`` never run, so rules 1, 4 and 5 skip them.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import sys
 from pathlib import Path
@@ -55,7 +67,32 @@ KILL_METHODS = {"kill", "terminate"}
 STARTER = "Popen"
 RANK_PACKAGE, KERNEL_PACKAGE = f"{PACKAGE}.rank", f"{PACKAGE}.lab"
 COMPOSED = "Lab"     # the class that is composed, never subclassed (rule 6)
-INFRASTRUCTURE = ("__init__", "__main__", "env", "errors", "limits", "text")   # rule 7
+INFRASTRUCTURE = ("__init__", "__main__", "errors", "limits", "text")   # rule 7
+#: Rule 10: the names that stand twice under ddplab/ on purpose, and why.
+TWINS = {
+    "__main__": "python -m's entry points: the ddplab command's, and ddplab.plan's",
+    "debugger": "one mechanism's two sides: the kernel's (lab/) serves what the rank's (rank/) asks",
+    "flight": "one mechanism's two sides: the kernel asks (lab/), the rank's thread answers (rank/)",
+    "live": "one mechanism's two sides: the rank publishes its screen (rank/), the kernel shows it",
+    "template": "one mechanism's two sides: the launcher the kernel plugs in (lab/), the process "
+                "that forks the engines (rank/)",
+    "trace": "lab.trace()'s two sides: the package the notebook holds, and the rank's recording",
+    "lab": "the kernel side's package and its Lab's module (lab/lab.py), as torch.nn.modules.module",
+    "memory": "memory.py is notebook 11's teaching module; plan/memory.py is a plan's step 1, "
+              "which notebook 15 imports (the planner's to rename, with ddplab.plan's steps)",
+    "report": "grade/report.py and plan/report.py, each the last step of its package's pipeline "
+              "(the grading's and the planner's owners decide)",
+    "plan": "grade/plan.py is grading's (renamed with grade/'s steps); plan/ the teaching package",
+}
+#: Rule 11: the notebook imports of deeper modules that other work moves, and why each stands.
+NOTEBOOK_IMPORTS = {
+    "ddplab.plan.models": "notebook 15: a plan's steps, imported by name (the planner's)",
+    "ddplab.plan.memory": "notebook 15: a plan's steps, imported by name (the planner's)",
+    "ddplab.plan.compute": "notebook 15: a plan's steps, imported by name (the planner's)",
+    "ddplab.check.checkpoints": "notebook 10's reference save and load (check/'s layout by "
+                                "notebook moves them)",
+}
+NOTEBOOKS = "notebooks"
 TEACHING = "Teaching modules"    # the paragraph of ddplab/__init__'s docstring that lists them
 MAX_LINES = 450                  # rule 8
 RUNNERS = {"run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"}  # rule 9
@@ -249,6 +286,70 @@ def top_level_problems(root: Path) -> list[str]:
     return out
 
 
+def twins(root: Path) -> list[str]:
+    """Rule 10: names that stand twice (modules, and packages) under ddplab/, unless in ``TWINS``."""
+    where: dict[str, list[str]] = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        rel = path.relative_to(root)
+        if path.name == "__init__.py":
+            if path.parent != root / PACKAGE:
+                where.setdefault(path.parent.name, []).append(f"{rel.parent}/")
+        else:
+            where.setdefault(path.stem, []).append(str(rel))
+    return [f"{' and '.join(places)}: one name in two folders; rename one so the name says which "
+            f"room it is in, or list it in TWINS with the reason"
+            for name, places in sorted(where.items()) if len(places) > 1 and name not in TWINS]
+
+
+def _cell_imports(source: str) -> list[tuple[str, list[str]]]:
+    """The ``(module, names)`` of each ``ddplab`` import in a notebook cell's source: ``names``
+    is ``[]`` for ``import ddplab.x``. IPython's magics and shell lines are read as comments."""
+    lines = [f"{line[:len(line) - len(line.lstrip())]}pass  # {line.lstrip()}"
+             if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    try:
+        tree = compile("\n".join(lines), "<cell>", "exec",
+                       ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    except SyntaxError:
+        return [(m[1], [n.split(" as ")[0].strip() for n in m[2].strip("() ").split(",")])
+                for m in re.finditer(r"^\s*from\s+(ddplab[\w.]*)\s+import\s+(.+)$", source, re.M)]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names if a.name.split(".")[0] == PACKAGE]
+        elif isinstance(node, ast.ImportFrom) and not node.level and \
+                (node.module or "").split(".")[0] == PACKAGE:
+            found.append((node.module, [a.name for a in node.names]))
+    return found
+
+
+def notebook_problems(root: Path) -> list[str]:
+    """Rule 11: notebooks import ddplab, its teaching modules and ``ddplab.check``, no deeper."""
+    teaching = listed_teaching_modules(root / PACKAGE / "__init__.py") or []
+    public = {PACKAGE, f"{PACKAGE}.check"} | {f"{PACKAGE}.{name}" for name in teaching}
+    known = modules(root)
+    out = []
+    for notebook in sorted((root / NOTEBOOKS).glob("*.ipynb")):
+        cells = json.loads(notebook.read_text()).get("cells", [])
+        for index, cell in enumerate(cells):
+            if cell.get("cell_type") != "code":
+                continue
+            source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+            for module, names in _cell_imports(source):
+                # ``from ddplab.x import y`` imports the module ddplab.x.y where there is one.
+                targets = [f"{module}.{n}" if f"{module}.{n}" in known else module
+                           for n in names] or [module]
+                out += [f"{notebook.relative_to(root)}: cell {index} imports {target}, which is "
+                        f"not ddplab's public API (ddplab, a teaching module that "
+                        f"{PACKAGE}/__init__.py's docstring lists, or {PACKAGE}.check): import "
+                        f"it from a teaching module, or move what it needs into one"
+                        for target in dict.fromkeys(targets)
+                        if target not in public and target not in NOTEBOOK_IMPORTS]
+    both = sorted(set(teaching) & set(INFRASTRUCTURE))
+    out += [f"{PACKAGE}/{name}.py: listed both as a teaching module and as infrastructure: it is "
+            f"one or the other" for name in both]
+    return out
+
+
 def too_long(path: Path) -> str | None:
     """Rule 8: ``path`` has more than ``MAX_LINES`` lines."""
     lines = len(path.read_text().splitlines())
@@ -323,6 +424,8 @@ def problems(root: Path = ROOT) -> list[str]:
             out += [f"{rel}:{line}: {what} outside {PROCESS_MODULE}: use ddplab.procs"
                     for line, what in kill_calls(path)]
     out += top_level_problems(root)
+    out += twins(root)
+    out += notebook_problems(root)
     graph = {name: {t for t in m.imports if t in known} for name, m in parsed.items()}
     for group in cycles(graph):
         edges = [f"{a} -> {b} (line {parsed[a].imports[b]})" for a in group for b in group

@@ -53,7 +53,7 @@ Failure modes, and what you see
 - Kernel > Interrupt: the ranks get SIGINT. If they stop, the lab is usable;
   if one is blocked in C++ and cannot stop, the message says to restart.
 - The kernel dies, even by kill -9: every engine and the controller notice
-  their parent is gone and exit within about a second (``ddplab.rank.guard``);
+  their parent is gone and exit within about a second (``ddplab.rank.tether``);
   the controller's guard removes the lab's directory, and so does the engine
   template, for a kernel killed halfway through its own exit.
 - Kernel > Shut down, even with ranks stuck: the lab's exit handler runs first
@@ -66,22 +66,27 @@ Where things are
 - ``lab``: ``Lab``, the API a notebook calls, composed of a ``Ranks`` and a ``Calls``.
 - ``ranks``: the ``Ranks`` interface (the processes of the ranks, wherever they run),
   ``LabSpec`` and the heartbeat setting; ``local``: ``LocalRanks``, engines on this
-  machine; ``hosts``: ``HostRanks``, engines on several hosts (``hosts.ranks``), and
-  starting and stopping those engines (``hosts.launch``, with ``hosts.ssh`` and ``hosts.batch``).
+  machine; ``multihost``: ``HostRanks``, engines on several hosts (``multihost.host_ranks``),
+  and starting and stopping those engines (``multihost.start``, with ``multihost.ssh`` and
+  ``multihost.batch``).
 - ``attached``: ``AttachedRanks``, the live engines of a lab another process started,
   never started, stopped or regrouped; ``attach`` makes a ``Lab`` over them (the grader's).
 - ``owncode``: ``lab.spawn`` and ``lab.run_script``, for code that makes its own group.
 - ``calls``: calls sent to the ranks and how they ended (results, errors, hangs,
-  cells left running, late output, interrupts); ``fanout``: one call to many engines.
+  cells left running, late output, interrupts); ``fanout``: one call to many engines;
+  ``watchers``: what a call's wait does besides waiting (``Watcher``: ``start``, ``tick``,
+  ``expired``, ``stop``), the lab's choice: ``Front`` and the stall watch, or none.
 - ``bars``: the progress bars (``ProgressBars``) a wait shows; ``channel``: what the ranks
   publish while a call runs (progress, live screens, debugger requests), read one way.
 - ``current_lab``: the lab ``current()``, ``%%ranks`` and the checkers use.
 - ``magics``: the ``%%ranks`` / ``%%rank N`` cell magics.
 - ``template``: engines forked from a warm process that imported torch once.
 - ``display``: rank-ordered output in the notebook; ``live``: output while a cell runs.
-- ``diagnose``: where a stuck rank is blocked, from its stack, and why an engine died;
-  ``flight``: which collective each rank is in (torch's flight recorder), for ``HangError``;
-  ``stall``: whether a call past its timeout is stuck, or a long job still making progress.
+- ``places``: where each rank is, one look for every caller: its stack (``diagnose``: read
+  through faulthandler; why an engine died), then its own answer (``flight``: which
+  collective it is in, from torch's flight recorder, and whether the ranks disagree);
+  ``stall``: whether a call past its timeout is stuck, or a long job still making progress;
+  ``verdicts``: a job's verdicts, in the words launched jobs use too.
 
 Every process a lab starts is ended by ``ddplab.procs``.
 

@@ -36,7 +36,7 @@ from .ranks import EngineSet, Joins, LabSpec, Loss, heartbeat_args
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
-_GUARD = [sys.executable, "-m", "ddplab.rank.guard"]
+_TETHERED = [sys.executable, "-m", "ddplab.rank.tether"]
 
 
 def private_file(directory: str, name: str) -> str:
@@ -158,9 +158,9 @@ class LocalRanks:
             controller_args=[*_unix_socket_args(self.directory), *heartbeat_args()],
             **({"engine_launcher_class": template.ForkedEngineSetLauncher} if forked else {}))
         config = cluster.config
-        config.LocalControllerLauncher.controller_cmd = _GUARD + ["ddplab.rank.ipc_controller"]
+        config.LocalControllerLauncher.controller_cmd = _TETHERED + ["ddplab.rank.ipc_controller"]
         config.LocalControllerLauncher.environment = dict(parent, DDPLAB_CLEANUP_DIR=self.directory)
-        config.LocalEngineSetLauncher.engine_cmd = _GUARD + ["ipyparallel.engine"]
+        config.LocalEngineSetLauncher.engine_cmd = _TETHERED + ["ipyparallel.engine"]
         config.LocalEngineSetLauncher.engine_args = [
             # No nanny process: ddplab signals its engines itself (ddplab.procs).
             "--IPEngine.enable_nanny=False", "--IPEngine.wait_for_url_file=120",
@@ -318,7 +318,7 @@ class LocalRanks:
         """End every engine and what it started, at once."""
         launchers = [launcher for engine_set in cluster.engines.values()
                      for launcher in engine_set.launchers.values()]
-        # Each engine leads its own session (the template or the guard calls
+        # Each engine leads its own session (the template or the tether calls
         # setsid), and what its rank started (multiprocessing, subprocess,
         # os.fork, orphans too) stays in it: end the sessions too, even of
         # engines already gone. Engines stuck in a C++ collective never act on

@@ -6,7 +6,7 @@ the ranks and how they ended). Three implementations, two chosen by ``start()``:
 
 - ``LocalRanks`` (``ddplab.lab.local``): engines on this machine, forked from a
   warm template, signalled and read directly.
-- ``HostRanks`` (``ddplab.lab.hosts.ranks``): engines on other hosts (SSH, Slurm,
+- ``HostRanks`` (``ddplab.lab.multihost.host_ranks``): engines on other hosts (SSH, Slurm,
   MPI, or a cluster you started and ``attach`` to), reached only through
   ipyparallel's controller.
 

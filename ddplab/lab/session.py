@@ -16,9 +16,9 @@ from typing import Any
 from ..env import check_fits, check_world_size, gpu_count
 from ..errors import ConfigError
 from . import current_lab, display, magics
-from .hosts import launch as hostlaunch
-from .hosts.ranks import HostRanks
 from .lab import Lab
+from .multihost import start as hoststart
+from .multihost.host_ranks import HostRanks
 from .ranks import LabSpec
 
 __all__ = ["attach", "start"]
@@ -98,7 +98,7 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
       not authenticate who connects (docs/security.md, "What is exposed").
 
     - ``hosts=["node1", "node2"]`` or ``engines="ssh"|"mpi"|"slurm"``: ranks on
-      several hosts, started by ipyparallel's launchers; see ``ddplab.lab.hosts``
+      several hosts, started by ipyparallel's launchers; see ``ddplab.lab.multihost``
       (its options, such as ``listen=`` or ``ssh_cmd=``, go in ``host_options``).
 
     Use it as ``with ddplab.start(...) as lab:`` to stop the lab at the end.
@@ -115,7 +115,7 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
             raise ConfigError(
                 f"ddplab: init_method={init_method!r} is for a lab on this machine; a lab on "
                 f"several hosts always joins its ranks at rank 0's TCPStore (see "
-                f"ddplab.lab.hosts). Use start(hosts=...) without init_method, or "
+                f"ddplab.lab.multihost). Use start(hosts=...) without init_method, or "
                 f"start(world_size=..., init_method={init_method!r}) for local ranks.")
         return _start_hosts(world_size, backend, timeout, hosts=hosts, engines=engines,
                             grace=grace, pg_timeout=pg_timeout, debug=debug, **host_options)
@@ -137,7 +137,7 @@ def _start_hosts(world_size: int, backend: str = "auto", timeout: float = 60, *,
                  ssh_cmd: list[str] | None = None, remote_python: str | None = None,
                  config: dict | None = None, grace: float = 2.0, pg_timeout: float = 1800,
                  debug: bool = False) -> Lab:
-    """``ddplab.start(..., hosts=[...])`` / ``engines=``: see ``ddplab.lab.hosts``.
+    """``ddplab.start(..., hosts=[...])`` / ``engines=``: see ``ddplab.lab.multihost``.
 
     - ``hosts``: hostnames (``user@host:port`` works), ranks split evenly, or
       ``{"host": ranks}``. Implies ``engines="ssh"``.
@@ -149,7 +149,7 @@ def _start_hosts(world_size: int, backend: str = "auto", timeout: float = 60, *,
     - ``config``: more launcher settings, ``{"SlurmEngineSetLauncher": {"account": "x"}}``.
     """
     n = check_world_size(world_size)
-    launch, order = hostlaunch.plan(n, hosts=hosts, engines=engines, listen=listen,
+    launch, order = hoststart.plan(n, hosts=hosts, engines=engines, listen=listen,
                                     ssh_cmd=ssh_cmd, remote_python=remote_python, config=config)
     spec = LabSpec.build(n, backend, timeout, grace=grace, pg_timeout=pg_timeout, debug=debug)
     return _adopt(Lab(spec, engines=HostRanks(spec, launch=launch, host_order=order)))
@@ -189,5 +189,5 @@ def attach(url_file: str | None = None, *, profile: str | None = None,
                                     ("cluster_id", cluster_id)) if v is not None}
         return ipp.Client(timeout=spec.timeout, **kwargs)
 
-    order = [hostlaunch.address(h) for h in hosts_order]
+    order = [hoststart.address(h) for h in hosts_order]
     return _adopt(Lab(spec, engines=HostRanks(spec, connect=connect, host_order=order)))

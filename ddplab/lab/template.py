@@ -22,7 +22,7 @@ It starts one template for all of them and names its socket in
 which kernel asked (``owner``), and the template ends that kernel's engines and
 removes its labs' directories when the kernel dies, as a kernel's own template
 does. Nothing a kernel runs reaches the template: it only ever forks
-``ddplab.rank.guard`` children, each a fresh copy of a process that never ran
+``ddplab.rank.tether`` children, each a fresh copy of a process that never ran
 a submission's code. If that template dies mid-class, the next kernels find
 its socket unanswered and start templates of their own: slower, same grades.
 """
@@ -96,7 +96,7 @@ class Template:
                 return json.loads(stream.readline())
 
     def fork(self, argv: list[str], env: dict, cwd: str, output: str, lab_dir: str = "") -> int:
-        """Fork a child that runs ``argv`` (a ``python -m ddplab.rank.guard ...`` line); its pid.
+        """Fork a child that runs ``argv`` (a ``python -m ddplab.rank.tether ...`` line); its pid.
 
         ``lab_dir``: the lab's directory, which the template removes if the kernel dies.
         """

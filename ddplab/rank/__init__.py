@@ -10,8 +10,8 @@
   waits in and the user's line (``all_reduce``, ``cell line 3``), in one
   wording for the live status (``blocked``), the hang report
   (``ddplab.lab.diagnose``) and the trace (``recorder``).
-- ``guard``: the wrapper every controller and engine process runs under
-  (``python -m ddplab.rank.guard MODULE``); it exits when the kernel dies.
+- ``tether``: the wrapper every controller and engine process runs under
+  (``python -m ddplab.rank.tether MODULE``); it exits when the kernel dies.
 
 The kernel ships calls to these modules through ipyparallel; nothing here
 imports the kernel-side ``ddplab.lab``.

@@ -181,7 +181,7 @@ def join_group(rank: int, world_size: int, env: dict[str, str], backend: str,
                                 timeout=timeout)
     namespace().update(rank=rank, world_size=world_size, torch=torch, dist=dist)
     from . import owngroup
-    owngroup.guard()     # a student's own init/destroy_process_group now says what it means
+    owngroup.keep_lab_group()   # a student's own init/destroy_process_group now says what it means
     return {"rank": dist.get_rank(), "pid": os.getpid()}
 
 

@@ -16,7 +16,7 @@ This module lets such code run unchanged, and explains what happens otherwise:
   process of its own. On the way out, whatever group the code left behind is
   destroyed and the lab's groups are the default again. ``run_spawned`` (for
   ``lab.spawn``) and ``rank.script.run_script`` (for ``lab.run_script``) run user code in it.
-- ``guard()``: once the lab's group exists, an ``init_process_group`` outside
+- ``keep_lab_group()``: once the lab's group exists, an ``init_process_group`` outside
   ``set_aside`` fails at once with a message naming the two ways to run such
   code, and after a ``destroy_process_group()`` of the lab's group, the error
   it leads to ("Default process group has not been initialized") says what
@@ -69,8 +69,8 @@ def _c10d():
 
 
 # ------------------------------------------------------------------ the guard
-def guard() -> None:
-    """Remember the lab's default group and put the two guards in place (once per process).
+def keep_lab_group() -> None:
+    """Remember the lab's default group and put the two wrappers in place (once per process).
 
     Called by ``engine.join_group`` once the lab's group has formed.
     """

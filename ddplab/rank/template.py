@@ -28,14 +28,14 @@ Why this is safe to fork from (the known pitfalls):
   once it was initialised in the parent.
 - It dies with the kernel: it polls its parent every half second, and when the
   kernel is gone it ends its children and exits. The children watch the
-  template the same way (``ddplab.rank.guard``).
+  template the same way (``ddplab.rank.tether``).
 - Shared by ``ddplab grade`` (its parent is then the grader), it also polls
   each kernel that asked it for engines (``owner`` in the request): when one
   dies, its engines are ended and its labs' directories removed, as if that
   kernel had had a template of its own.
 
 When the kernel dies it also removes the directories of the labs whose engines
-it forked (``lab_dir``). The controller's guard does that too, but a kernel
+it forked (``lab_dir``). The controller's tether does that too, but a kernel
 killed halfway through its exit, after it ended the controller and before it
 removed the directory itself, leaves only the template to do it.
 """
@@ -128,7 +128,7 @@ def _become(request: dict) -> None:
         os.close(out)
         os.environ.clear()
         os.environ.update(request["env"])
-        os.environ["DDPLAB_PARENT_PID"] = str(os.getppid())   # the guard watches the template
+        os.environ["DDPLAB_PARENT_PID"] = str(os.getppid())   # the tether watches the template
         os.chdir(request["cwd"] or "/")
         # What torch read from the environment at import time, read again for this rank.
         import torch
@@ -138,11 +138,11 @@ def _become(request: dict) -> None:
             torch.set_num_threads(int(threads))
         dist.set_debug_level_from_env()          # TORCH_DISTRIBUTED_DEBUG
         argv = request["argv"]
-        # argv is [python, "-m", "ddplab.rank.guard", MODULE, ARGS...]: run the guard here.
-        if argv[1:3] != ["-m", "ddplab.rank.guard"]:
-            raise ValueError(f"the template only runs ddplab.rank.guard, not {argv!r}")
-        from ddplab.rank import guard
-        guard.main(argv[3:])
+        # argv is [python, "-m", "ddplab.rank.tether", MODULE, ARGS...]: run the tether here.
+        if argv[1:3] != ["-m", "ddplab.rank.tether"]:
+            raise ValueError(f"the template only runs ddplab.rank.tether, not {argv!r}")
+        from ddplab.rank import tether
+        tether.main(argv[3:])
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
@@ -244,7 +244,7 @@ def preload() -> None:
     import torch.distributed  # noqa: F401
 
     import ddplab.rank.engine  # noqa: F401
-    import ddplab.rank.guard  # noqa: F401
+    import ddplab.rank.tether  # noqa: F401
 
 
 def main(argv: list[str]) -> None:

@@ -1,6 +1,6 @@
 """Starting and stopping engines on other hosts, through ipyparallel's own launchers.
 
-``ddplab.lab.hosts.ranks`` forms a group over engines; this module is how those
+``ddplab.lab.multihost.host_ranks`` forms a group over engines; this module is how those
 engines come to exist when ddplab starts them (``start(hosts=...)`` over SSH,
 ``engines="slurm"``, ``engines="mpi"``): the arguments checked, ipyparallel's
 ``Cluster`` configured, started and, at the end, stopped with everything it
@@ -22,7 +22,7 @@ engines, waits until they registered and returns a connected ``Client``;
   Slurm: scancel, and waits until the job is gone), the controller, and
   removes the hosts' directories and the batch file; ipyparallel writes no
   cluster file and has no exit handler of its own to re-create the lab's
-  directory. If the kernel dies, the controller's guard ends it, the SSH
+  directory. If the kernel dies, the controller's tether ends it, the SSH
   agents end their engines when their ssh session closes, mpiexec's watcher
   ends it, and Slurm engines stop after missing the controller's heartbeat
   for ``ENGINE_MISSES`` checks (about 6 s), which ends their job.
@@ -55,7 +55,7 @@ _LAUNCHER_CLASS = {"ssh": "SSHEngineSetLauncher", "mpi": "MPIEngineSetLauncher",
 #: Engines we start exit after missing this many heartbeat checks of the controller (each its
 #: period + 0.5 s): a controller gone with its kernel takes them, and their job, along.
 ENGINE_MISSES = 10
-_GUARD = ["-m", "ddplab.rank.guard"]
+_TETHERED = ["-m", "ddplab.rank.tether"]
 
 
 def security_args() -> list[str]:
@@ -152,12 +152,12 @@ class HostEngines:
             controller_args=[*heartbeat_args(), *security_args()])
         c = cluster.config
         # The controller ends, and removes the lab's directory, when the kernel dies.
-        c.LocalControllerLauncher.controller_cmd = [sys.executable, *_GUARD, "ipyparallel.controller"]
+        c.LocalControllerLauncher.controller_cmd = [sys.executable, *_TETHERED, "ipyparallel.controller"]
         c.LocalControllerLauncher.environment = {"DDPLAB_PARENT_PID": str(os.getpid()),
                                                  "DDPLAB_CLEANUP_DIR": profile_dir}
         launcher = _LAUNCHER_CLASS[self.engines]
-        # The guard preloads torch; no parent watch: the kernel is not the parent there.
-        c[launcher].engine_cmd = [self.remote_python, *_GUARD, "ipyparallel.engine"]
+        # The tether preloads torch; no parent watch: the kernel is not the parent there.
+        c[launcher].engine_cmd = [self.remote_python, *_TETHERED, "ipyparallel.engine"]
         # As a local lab's: an engine waits for the controller's answer as long as the start waits.
         c[launcher].engine_args = [f"--IPEngine.max_heartbeat_misses={ENGINE_MISSES}",
                                    f"--IPEngine.timeout={cluster.engine_timeout}"]

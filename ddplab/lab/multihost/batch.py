@@ -9,7 +9,7 @@ mpi4py), nothing tells the kernel, which waited out its timeout. Here:
   ``--allow-run-as-root`` when run as root, each named in the error;
 - ``failure(launcher)`` says, while the kernel waits for engines, whether the
   job or mpiexec already ended (``squeue``, the process), with its output;
-- ``watch_parent``: mpiexec runs under ``python -m ddplab.lab.hosts.batch
+- ``run_watched``: mpiexec runs under ``python -m ddplab.lab.multihost.batch
   KERNEL_PID mpiexec ...``, which ends it (and so its ranks) within a second
   once the kernel is gone, even killed;
 - ``SlurmEngineSetLauncher`` writes the batch file into the lab's own directory (not
@@ -182,11 +182,11 @@ def check_mpi(remote_python: str, config: dict | None) -> None:
 
 
 def watched(mpi_cmd: list[str]) -> list[str]:
-    """``mpi_cmd`` run under this kernel's watch (see ``watch_parent``)."""
-    return [sys.executable, "-m", "ddplab.lab.hosts.batch", str(os.getpid()), *mpi_cmd]
+    """``mpi_cmd`` run under this kernel's watch (see ``run_watched``)."""
+    return [sys.executable, "-m", "ddplab.lab.multihost.batch", str(os.getpid()), *mpi_cmd]
 
 
-def watch_parent(parent: int, command: list[str]) -> int:
+def run_watched(parent: int, command: list[str]) -> int:
     """Run ``command``; end its tree when ``parent`` is gone (or on SIGTERM/SIGINT); its exit code."""
     child = procs.start(command, session=False)
     ending = []
@@ -201,8 +201,8 @@ def watch_parent(parent: int, command: list[str]) -> int:
 
 
 __all__ = ["MPIEngineSetLauncher", "SlurmEngineSetLauncher", "check_mpi", "failure", "stop_job",
-           "stop_mpiexec", "waiting_on", "watch_parent", "watched"]
+           "stop_mpiexec", "waiting_on", "run_watched", "watched"]
 
 
 if __name__ == "__main__":
-    sys.exit(watch_parent(int(sys.argv[1]), sys.argv[2:]))
+    sys.exit(run_watched(int(sys.argv[1]), sys.argv[2:]))

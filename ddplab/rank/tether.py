@@ -1,11 +1,11 @@
-"""Run a Python module, and exit when the process that started us dies.
+"""Run a Python module tethered to the process that started us: exit when it dies.
 
 ddplab launches ipyparallel's controller and engines as
-``python -m ddplab.rank.guard MODULE ARGS...``. The guard:
+``python -m ddplab.rank.tether MODULE ARGS...``. The tether:
 
 1. watches its parent (the notebook kernel, whose pid is in
    ``DDPLAB_PARENT_PID``): if the kernel dies, even by ``kill -9``, this
-   process exits within about a second, and the controller's guard also
+   process exits within about a second, and the controller's tether also
    removes the lab's directory. No orphans hold ports, memory or GPUs.
 2. optionally imports modules first (``DDPLAB_PRELOAD=torch``) so an engine
    loads torch while the controller is still starting, not afterwards.
@@ -14,7 +14,7 @@ ddplab launches ipyparallel's controller and engines as
 4. is a child subreaper (``procs.become_subreaper``): a process the rank's
    code detaches (double fork, ``setsid``, SIGTERM ignored) is adopted by
    the engine instead of init, so it stays in the engine's tree, which
-   ``lab.stop()`` ends; and the guard ends every descendant when MODULE
+   ``lab.stop()`` ends; and the tether ends every descendant when MODULE
    returns or the kernel dies.
 """
 
@@ -38,7 +38,7 @@ def _end_children() -> None:
     procs.end_descendants(grace=1)
 
 
-def watch_parent(parent_pid: int, cleanup_dir: str | None = None) -> threading.Thread:
+def exit_with_parent(parent_pid: int, cleanup_dir: str | None = None) -> threading.Thread:
     """Start a daemon thread that ends this process when ``parent_pid`` is gone."""
 
     def watch() -> None:
@@ -65,7 +65,7 @@ def watch_parent(parent_pid: int, cleanup_dir: str | None = None) -> threading.T
 
 def main(argv: list[str]) -> None:
     if not argv:
-        sys.exit("usage: python -m ddplab.rank.guard MODULE [ARGS...]")
+        sys.exit("usage: python -m ddplab.rank.tether MODULE [ARGS...]")
     try:
         # A session (and process group) of our own, as an engine forked by the
         # template already has: ddplab ends it as a group, with everything the
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
         pass                                # already a session leader
     parent = os.environ.get("DDPLAB_PARENT_PID")
     if parent:
-        watch_parent(int(parent), os.environ.get("DDPLAB_CLEANUP_DIR") or None)
+        exit_with_parent(int(parent), os.environ.get("DDPLAB_CLEANUP_DIR") or None)
     for name in filter(None, os.environ.get("DDPLAB_PRELOAD", "").split(",")):
         importlib.import_module(name)
     from ddplab import procs

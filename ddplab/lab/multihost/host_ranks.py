@@ -1,7 +1,7 @@
 """``HostRanks``: a lab's ranks on several hosts (the ``Ranks`` interface).
 
 ddplab builds no cluster manager. ipyparallel already starts engines over SSH,
-MPI, Slurm and more (``ddplab.lab.hosts.launch`` configures, starts and stops
+MPI, Slurm and more (``ddplab.lab.multihost.start`` configures, starts and stops
 them); torch.distributed already joins ranks across hosts. This module only
 connects the two::
 
@@ -61,7 +61,7 @@ from ...errors import ConfigError, DdplabError, EngineDiedError
 from ...rank import engine
 from ...text import plural
 from ..ranks import HEARTBEAT_LOSS_S, EngineSet, Joins, LabSpec, Loss
-from .launch import HostEngines
+from .start import HostEngines
 
 log = logging.getLogger(__name__)
 
