@@ -67,6 +67,8 @@ _DISTRIBUTED = "/torch/distributed/"
 _LIBRARY_MARKS = ("site-packages", "dist-packages", "/lib/python")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # .../ddplab
 _OWN_MARK = "/ddplab/"
+#: What IPython outside Jupyter names a cell's code (Jupyter's kernel writes a file per cell).
+_IPYTHON_CELL = "<ipython-input-"
 _USER, _CELL, _C10D, _TORCH_DIST, _LIBRARY = range(5)
 _kinds: dict[str, int] = {}       # filename -> its kind; the trace asks on every call
 
@@ -87,6 +89,8 @@ def _classify(filename: str) -> int:
         return _C10D
     if _DISTRIBUTED in filename:
         return _TORCH_DIST
+    if filename.startswith(_IPYTHON_CELL):
+        return _USER                    # a function from a terminal IPython's (or its test shell's) cell
     if filename.startswith("<") or any(mark in filename for mark in _LIBRARY_MARKS):
         return _LIBRARY
     if filename.startswith(_PACKAGE + os.sep):

@@ -1,0 +1,20 @@
+"""Checkers for notebook 10, checkpoints and failures.
+
+    ddplab.check.save_sharded()         # torch.distributed.checkpoint of FSDP2, and loading it (``sharded``)
+    ddplab.check.train_state()          # a Stateful that resumes mid-epoch (``resume``)
+    ddplab.check.torchrun_resume()      # a job killed and restarted by torchrun (``elastic``)
+
+The references these compare with (torch's own save and load) are in the
+teaching module ``ddplab.checkpointing``, which the notebook imports too.
+"""
+
+from __future__ import annotations
+
+from .elastic import *  # noqa: F401,F403
+from .elastic import __all__ as _elastic
+from .resume import *  # noqa: F401,F403
+from .resume import __all__ as _resume
+from .sharded import *  # noqa: F401,F403
+from .sharded import __all__ as _sharded
+
+__all__ = sorted([*_sharded, *_resume, *_elastic])
