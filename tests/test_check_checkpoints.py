@@ -10,7 +10,6 @@ import pytest
 from conftest import fails, last_line
 
 import ddplab
-from ddplab.check import checkpoints
 
 pytestmark = pytest.mark.slow
 
@@ -22,13 +21,6 @@ import torch.nn.functional as F
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 """
-
-
-
-def test_checkers_are_public_under_their_own_names():
-    for name in checkpoints.__all__:
-        assert getattr(ddplab.check, name) is getattr(checkpoints, name)
-        assert getattr(checkpoints, name).__doc__
 
 
 # ------------------------------------------------------------- save_sharded
@@ -279,10 +271,10 @@ def test_torchrun_resume_rejects(fresh_lab, edit, needle):
 
 @pytest.mark.parametrize("source,check", [
     # notebook 10 imports the references on the ranks for its resumable run: an alias is the answer
-    ("from ddplab.check.checkpoints import reference_save as save_state\n"
+    ("from ddplab.checkpointing import reference_save as save_state\n"
      "def save_sharded(path, model, optimizer, epoch):\n    save_state(path, model, optimizer, epoch)\n",
      "save_sharded"),
-    ("from ddplab.check.checkpoints import reference_load\nload_resharded = reference_load\n",
+    ("from ddplab.checkpointing import reference_load\nload_resharded = reference_load\n",
      "load_resharded"),
 ])
 def test_the_checks_own_references_are_refused_under_any_name(fresh_lab, source, check):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 from conftest import fails, last_line
 
-import ddplab
-from ddplab.check import debugging, mysteries
+from ddplab.check import nb09_debugging as debugging
+from ddplab.course import mysteries
 
 pytestmark = pytest.mark.slow
 
@@ -131,12 +131,6 @@ def readings():
     namespace = {"__name__": "__main__"}
     exec(REFERENCE, namespace)
     return namespace
-
-
-def test_checkers_are_public_under_their_own_names():
-    for name in debugging.__all__:
-        assert getattr(ddplab.check, name) is getattr(debugging, name)
-        assert getattr(debugging, name).__doc__
 
 
 def test_seed_0_is_the_same_program_every_time_and_other_seeds_vary():

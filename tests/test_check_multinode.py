@@ -9,7 +9,7 @@ import pytest
 
 import ddplab
 from ddplab import launch
-from ddplab.check.multinode import NNODES, NPROC_PER_NODE, expected_printers
+from ddplab.check.nb07_multi_node import NNODES, NPROC_PER_NODE, expected_printers
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,6 @@ import pytest
 from conftest import fails, last_line
 
 import ddplab
-from ddplab.check import precision
 
 pytestmark = pytest.mark.slow
 
@@ -20,13 +19,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 """
-
-
-
-def test_checkers_are_public_under_their_own_names():
-    for name in precision.__all__:
-        assert getattr(ddplab.check, name) is getattr(precision, name)
-        assert getattr(precision, name).__doc__
 
 
 def test_saved_bytes_counts_activations_once_and_not_parameters():

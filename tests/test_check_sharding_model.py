@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 from conftest import fails, last_line
 
-import ddplab
-from ddplab.check import sharding_model
+from ddplab.check import nb08_sharding_the_model as sharding_model
 
 pytestmark = pytest.mark.slow
 
@@ -30,13 +29,6 @@ for layer in model:
         fully_shard(layer, mesh=mesh)
 fully_shard(model, mesh=mesh)
 """
-
-
-
-def test_checkers_are_public_under_their_own_names():
-    for name in sharding_model.__all__:
-        assert getattr(ddplab.check, name) is getattr(sharding_model, name)
-        assert getattr(sharding_model, name).__doc__
 
 
 # ----------------------------------------------------------------- zero_bytes

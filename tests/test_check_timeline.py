@@ -13,7 +13,6 @@ import pytest
 
 import ddplab
 from ddplab import trace as tracing
-from ddplab.check import timeline
 
 pytestmark = pytest.mark.slow
 
@@ -32,12 +31,6 @@ def never_tells(message: str, *truths: str) -> None:
     for truth in truths:
         assert not re.search(rf"\b{re.escape(truth)}\b", message), message
     assert not re.search(r"\d+(\.\d+)? ?m?s\b", message), message
-
-
-def test_checkers_are_public_under_their_own_names():
-    for name in timeline.__all__:
-        assert getattr(ddplab.check, name) is getattr(timeline, name)
-        assert getattr(timeline, name).__doc__
 
 
 def test_straggler_follows_the_run_not_a_stored_answer(fresh_lab4, capsys):

@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 from conftest import fails, last_line
 
-import ddplab
-from ddplab.check import training
+from ddplab.check.nb05_ddp_training import training
 
 pytestmark = pytest.mark.slow
 
@@ -22,13 +21,6 @@ from ddplab.train import SmallCNN
 torch.manual_seed(rank)
 model = SmallCNN()
 """
-
-
-
-def test_checkers_are_public_under_their_own_names():
-    for name in training.__all__:
-        assert getattr(ddplab.check, name) is getattr(training, name)
-        assert getattr(training, name).__doc__
 
 
 # ----------------------------------------------------------------- wrap_model

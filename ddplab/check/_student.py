@@ -167,8 +167,9 @@ def answer_raised(what: str, described: dict[str, Any], hint: str = "") -> Feedb
 
 def _traceback(note: dict | None, text: str, whose: str) -> list[str]:
     """The student's frames, with their lines; without a note, the end of the rank's own text."""
-    if not note:
-        return [f"  {line}" for line in text.strip().splitlines()[-8:]]
+    if not note:                 # no note (the rank failed outside the check's call): its last lines
+        lines = [line for line in text.strip().splitlines() if not line.startswith("Traceback (")]
+        return [f"  {line}" for line in lines[-8:]]
     frames = note.get("frames", [])
     lines = [f"Your code's traceback{whose}:"] if frames else []
     for filename, lineno, function, line in frames:
