@@ -79,8 +79,11 @@ def test_a_missing_function_names_the_fix(fresh_lab4):
 
 def test_a_function_that_raises_fails_the_check_with_its_traceback(fresh_lab4):
     define(fresh_lab4, "def global_mean(x):\n    raise NotImplementedError()\n")
-    fails(collectives.global_mean, "raised NotImplementedError, so it cannot be checked",
-          "NotImplementedError", "rank 0")
+    message = fails(collectives.global_mean,
+                    "NotImplementedError (your %%ranks cell, line 2, in global_mean), on ranks 0, 1, 2, 3.",
+                    "Your code's traceback (rank 0):\n  your %%ranks cell, line 2, in global_mean\n"
+                    "    raise NotImplementedError()")
+    assert message.startswith("NotImplementedError"), message    # the student's exception first
 
 
 def test_a_deadlock_fails_the_check_with_where_ranks_wait(fresh_lab4):

@@ -95,6 +95,10 @@ def noted(text: str) -> dict[str, Any] | None:
 
 def _place(filename: str, lineno: int, function: str) -> str:
     """``Cell In[5], line 3, in swap`` (IPython's name for a notebook cell) or ``file.py, line 3, in f``."""
+    from ddplab.rank.where import CELL_PREFIX
+
+    if filename.startswith(CELL_PREFIX):
+        return f"your %%ranks cell, line {lineno}" + ("" if function == "<module>" else f", in {function}")
     label = None
     try:
         from IPython import get_ipython
