@@ -33,6 +33,7 @@ from ._core import (
     answers_of,
     checker,
     compare,
+    holds,
     is_missing,
     passed,
     require_function,
@@ -159,32 +160,29 @@ def shard_model(lab: Any = None, seed: int = 0) -> None:
     n = lab.world_size
     got = _on_ranks("the sharded `model`", lab, _describe_sharded, seed, 4)
     require_function(got, "model", kind="variable", verb="makes")
-    compare("every parameter of model is a DTensor", [True] * n, [g["all_dtensors"] for g in got],
-            hint="fully_shard(module, mesh=mesh) turns the parameters of the module it is called "
-                 "on into DTensors. Call it on every Linear, then on model itself.")
+    holds("every parameter of model is a DTensor", [g["all_dtensors"] for g in got],
+          hint="fully_shard turns the parameters of the module it is called on into DTensors: "
+               "every Linear, then model itself.")
     compare("the placements of model's parameters", [[str("(Shard(dim=0),)")]] * n,
             [g["placements"] for g in got],
-            hint="fully_shard shards dim 0 on a 1-D mesh of all ranks: "
-                 "init_device_mesh('cpu', (world_size,)).")
+            hint="fully_shard shards dim 0 on a 1-D device mesh of all ranks.")
     compare("the ranks in the parameters' mesh", [[n]] * n, [g["mesh"] for g in got],
-            hint="the mesh must hold every rank: init_device_mesh('cpu', (world_size,)).")
+            hint="the mesh must hold every rank: a 1-D device mesh of world_size.")
     compare("Linear layers that are their own fully_shard unit", [got[0]["linears"]] * n,
             [g["units"] for g in got],
             hint="call fully_shard on each Linear first (each becomes a unit that is gathered "
                  "only while it runs), then on the root.")
-    compare("model itself is a fully_shard unit (the root)", [True] * n, [g["root"] for g in got],
-            hint="after the layers, call fully_shard(model, mesh=mesh) on the whole model too.")
+    holds("model itself is a fully_shard unit (the root)", [g["root"] for g in got],
+          hint="after the layers, the whole model is sharded too.")
     compare("parameter values this rank holds", [g["share"] for g in got], [g["local"] for g in got],
             hint="each rank should keep 1/world_size of every parameter.")
-    compare("the full weights equal mlp(seed=0)'s", [True] * n, [g["seed_weights"] for g in got],
-            hint="fully_shard does not broadcast weights as DDP does: each rank keeps its own rows. "
-                 "Build the model from the same seed on every rank: sharding.mlp(seed=0).")
-    compare("model(x) equal to the unsharded model's output", [True] * n,
-            [g["same_output"] for g in got],
-            hint="shard the model as it is; do not change its layers.")
-    compare("parameters resharded after forward (DTensors again)", [True] * n,
-            [g["resharded"] for g in got],
-            hint="leave reshard_after_forward at its default (True).")
+    holds("the full weights equal mlp(seed=0)'s", [g["seed_weights"] for g in got],
+          hint="fully_shard does not broadcast weights as DDP does: each rank keeps its own rows. "
+               "Build the model from the same seed on every rank: sharding.mlp(seed=0).")
+    holds("model(x) equals the unsharded model's output", [g["same_output"] for g in got],
+          hint="shard the model as it is; do not change its layers.")
+    holds("the parameters are resharded after forward (DTensors again)",
+          [g["resharded"] for g in got], hint="leave reshard_after_forward at its default (True).")
     passed("model is sharded layer by layer with fully_shard; each rank holds 1/N of every "
            "parameter, and it computes what the unsharded model computes.")
 

@@ -34,6 +34,7 @@ from .._core import (
     MISSING,
     checker,
     compare,
+    holds,
     is_missing,
     passed,
     require_function,
@@ -105,8 +106,8 @@ def wrap_model(lab: Any = None) -> None:
     require_function(got, "ddp_model", kind="variable", verb="makes")
     compare("type(ddp_model).__name__", ["DistributedDataParallel"] * n, [g["type"] for g in got],
             hint="wrap the model in torch's DistributedDataParallel (torch.nn.parallel).")
-    compare("ddp_model.module is model", [True] * n, [g["wraps_model"] for g in got],
-            hint="wrap this rank's own `model`, the one the cells above built: DDP(model, ...).")
+    holds("ddp_model.module is model", [g["wraps_model"] for g in got],
+          hint="wrap this rank's own `model`, the one the cells above built.")
     compare("ddp_model.device_ids", [g["expected_device_ids"] for g in got],
             [g["device_ids"] for g in got],
             hint="on a GPU: device_ids=[the rank's GPU index]; on CPU leave device_ids out (None).")
@@ -115,8 +116,8 @@ def wrap_model(lab: Any = None) -> None:
             hint="construct DDP on every rank (a %%ranks cell), and do not change the weights "
                  "afterwards on one rank only.")
     equal = [bool(torch.equal(g["all"], got[0]["all"])) for g in got]
-    compare("all weights equal to rank 0's", [True] * n, equal,
-            hint="the weights must be exactly rank 0's on every rank, as DDP's broadcast leaves them.")
+    holds("all weights equal rank 0's", equal,
+          hint="the weights must be exactly rank 0's on every rank, as DDP's broadcast leaves them.")
     passed("ddp_model wraps model in DDP, and every rank holds rank 0's weights.")
 
 
@@ -159,10 +160,10 @@ def epoch_loader(lab: Any = None) -> None:
                 rows=[Row(rank, str(g["epochs"][epoch])) for rank, g in enumerate(got)],
                 hint="every rank must use the same sampler seed, so that they shuffle alike and "
                      "split the same order.")
-    compare(f"{what}: order changed from epoch 0 to epoch 1", [True] * n,
-            [g["epochs"][0] != g["epochs"][1] for g in got],
-            hint="a DistributedSampler draws its order from its seed and the epoch it was told "
-                 "(set_epoch): without it, every epoch repeats the same order.")
+    holds(f"{what}: the order changes from epoch 0 to epoch 1",
+          [g["epochs"][0] != g["epochs"][1] for g in got],
+          hint="a DistributedSampler draws its order from its seed and the epoch it was told "
+               "(set_epoch): without it, every epoch repeats the same order.")
     passed("each rank gets its own shard, the shards cover the data, and the order changes "
            "every epoch.")
 
@@ -272,9 +273,9 @@ def save_checkpoint(lab: Any = None, delay: float = 1.0) -> None:
     compare("a plain SmallCNN loading the file", ["same weights"] * n, [g["loaded"] for g in got],
             hint="save model.module.state_dict(): the weights of the model inside DDP, without "
                  "the 'module.' prefix, so a plain model can load them.")
-    compare("the file exists when save_checkpoint returns", [True] * n, [g["there"] for g in got],
-            hint="the other ranks must wait until rank 0 has written: every rank meets the others "
-                 "after the save.")
+    holds("the file exists when save_checkpoint returns", [g["there"] for g in got],
+          hint="the other ranks must wait until rank 0 has written: every rank meets the others "
+               "after the save.")
     passed("only rank 0 writes the checkpoint, a plain model loads it, and no rank returns early.")
 
 
