@@ -27,7 +27,7 @@ TIMEOUT = 60.0
 
 def model() -> Any:
     """``sharding.tiny_mlp()``: Linear 6->10, tanh, 10->10, tanh, 10->3, float64, the same everywhere."""
-    from ..sharding import tiny_mlp
+    from ...sharding import tiny_mlp
 
     return tiny_mlp()
 
@@ -43,7 +43,7 @@ def drawn(world: int, steps: int = STEPS) -> list[tuple[Any, Any]]:
 
     import torch
 
-    from ..sharding import TINY_ROWS
+    from ...sharding import TINY_ROWS
 
     g = torch.Generator().manual_seed(secrets.randbits(62))
     size = TINY_ROWS * world
