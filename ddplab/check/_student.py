@@ -199,10 +199,12 @@ def _headline(note: dict | None, text: str) -> str:
 def hung(what: str, exc: Any, timeout: float, hint: str) -> Feedback:
     """The ``Feedback`` for the student's code that hung (``exc``: the lab's ``HangError``).
 
-    Where each rank waits; the hint is the lab's own for the pattern it saw
-    (every rank in recv, every rank in send, ranks waiting for one that
-    finished), so it never contradicts where the ranks are, else ``hint``,
-    the checker's word on what usually causes a hang in this exercise.
+    Where each rank waits; the hint opens with the lab's own for the pattern it
+    saw (every rank in recv, every rank in send, ranks waiting for one that
+    finished, a rank alone in DDP's constructor), so it never contradicts where
+    the ranks are, then ``hint``, the checker's word on this exercise. A
+    checker's hint therefore never claims where the ranks wait ("two blocking
+    sends facing each other" was said while both ranks were in recv).
     """
     from ddplab.lab.diagnose import deadlock_hint
 
@@ -211,4 +213,5 @@ def hung(what: str, exc: Any, timeout: float, hint: str) -> Feedback:
     seen = deadlock_hint(exc.states, exc.where, exc.stacks).removeprefix("Hint: ")
     return Feedback(f"{what} did not finish within {timeout:g} s: the ranks are waiting for each "
                     f"other (a deadlock).", detail=where,
-                    hint=f"{seen or hint} Then recover with: lab.restart()")
+                    hint=" ".join(part for part in (seen, hint, "Then recover with: lab.restart()")
+                                  if part))

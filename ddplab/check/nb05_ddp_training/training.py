@@ -96,7 +96,7 @@ def wrap_model(lab: Any = None) -> None:
 
     n = lab.world_size
     got = run_student_code("reading ddp_model", _describe_wrapping, lab=lab, timeout=_WRAP_TIMEOUT,
-                           hint="a rank is still inside DDP(model). " + _DDP_IS_A_COLLECTIVE)
+                           hint="construct DDP(model) on every rank at once.")
     missing = [rank for rank, g in enumerate(got) if is_missing(g)]
     if missing and len(missing) < n:
         has = [rank for rank in range(n) if rank not in missing]
