@@ -206,6 +206,29 @@ def test_lse_merge_mistakes_named(fresh_lab, wrong, words):
         assert formula not in message, message
 
 
+def ring_attention_one_float32_cast(q, k, v, causal):
+    """A correct ring whose blocks' products run in float32 once (picotron's ring attention with
+    one cast, issue 53): told to fix its merge before; off by float32's rounding only."""
+    real = attention.block
+
+    def block(q, k, v, mask=None):
+        out, lse = real(q.float(), k.float(), v.float(), mask)
+        return out.double(), lse.double()
+    attention.block = block
+    try:
+        return ring_attention(q, k, v, causal)
+    finally:
+        attention.block = real
+
+
+def test_ring_attention_computed_in_float32_once_is_named_as_precision(fresh_lab):
+    message = fails(lambda: check.ring_attention(ring_attention_one_float32_cast),
+                    "only by float32's rounding: your code computes in float32 somewhere.",
+                    "Hint: keep every step in float64")
+    assert "merge each block" not in message and "log-sum-exp" not in message, message   # not the merge
+    assert "elements differ, by up to " in message       # its values against the reference
+
+
 @pytest.mark.parametrize("wrong, words", [
     (lambda *a: ring_attention(*a, offset=-1), "one block off (the block taken for the previous"),
     (lambda *a: ring_attention(*a, offset=1), "one block off (the block taken for the next"),
