@@ -3,22 +3,18 @@
     from ddplab.checkpointing import fsdp_mlp, tensor_bytes
     model = fsdp_mlp(seed=0)            # notebook 08's MLP (float64), every Linear and the root sharded
     tensor_bytes(path)                  # {file: bytes of tensor data} of a torch.distributed.checkpoint
-    from ddplab.checkpointing import reference_load, reference_save   # torch's own save and load
 
 Every rank calls ``fsdp_mlp`` (``fully_shard`` is collective in spirit: every
 rank must shard the same model the same way). ``tensor_bytes`` reads only the
 checkpoint's ``.metadata``: the one file that says which piece of which tensor
-lies in which ``.distcp`` file, at what offset. ``reference_save`` and
-``reference_load`` are torch's own sharded save and load, which notebook 10's
-resumable run uses on the ranks; its checks (``ddplab.check.save_sharded``,
-``load_resharded``) compare with them, and refuse them during the student's call.
+lies in which ``.distcp`` file, at what offset.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["fsdp_mlp", "reference_load", "reference_save", "tensor_bytes"]
+__all__ = ["fsdp_mlp", "tensor_bytes"]
 
 
 def fsdp_mlp(seed: int = 0, dtype: Any = None) -> Any:
@@ -63,24 +59,3 @@ def tensor_bytes(path: str) -> dict[str, int]:
             name = metadata.storage_data[index].relative_path
             out[name] = out.get(name, 0) + chunk.sizes.numel() * meta.properties.dtype.itemsize
     return dict(sorted(out.items()))
-
-
-def reference_save(path: str, model: Any, optimizer: Any, epoch: int) -> None:
-    """What save_sharded should do: model, optimizer (by parameter name) and epoch, every rank."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state, "epoch": epoch}, checkpoint_id=path)
-
-
-def reference_load(path: str, model: Any, optimizer: Any) -> int:
-    """What load_resharded should do: load into this model's own layout, then set it; the epoch."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state, "epoch": -1}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return state["epoch"]

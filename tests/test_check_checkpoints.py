@@ -278,10 +278,11 @@ def test_torchrun_resume_rejects(fresh_lab, edit, needle):
 
 @pytest.mark.parametrize("source,check", [
     # notebook 10 imports the references on the ranks for its resumable run: an alias is the answer
-    ("from ddplab.checkpointing import reference_save as save_state\n"
+    ("from ddplab.check.nb10_checkpoints_and_failures import reference_save as save_state\n"
      "def save_sharded(path, model, optimizer, epoch):\n    save_state(path, model, optimizer, epoch)\n",
      "save_sharded"),
-    ("from ddplab.checkpointing import reference_load\nload_resharded = reference_load\n",
+    ("from ddplab.check.nb10_checkpoints_and_failures import reference_load\n"
+     "load_resharded = reference_load\n",
      "load_resharded"),
 ])
 def test_the_checks_own_references_are_refused_under_any_name(fresh_lab, source, check):

@@ -87,3 +87,28 @@ def test_the_timeline_checkers_say_they_read_the_trace():
                    if getattr(getattr(ddplab.check, name), "reads_trace", False))
     assert reads == ["ddp_all_reduces", "messages_per_rank", "straggler", "who_waited"]
 
+
+
+def test_checker_resolves_the_lab_once_and_names_the_fix_without_one(monkeypatch):
+    from ddplab.errors import DdplabError
+    from ddplab.lab import current_lab
+
+    seen = []
+
+    @_core.checker
+    def needs(answer, lab=None):
+        seen.append(lab)
+
+    @_core.checker(needs_lab=False)
+    def optional(answer, lab=None):
+        seen.append(lab)
+
+    monkeypatch.setattr(current_lab, "_current", None)
+    with pytest.raises(DdplabError, match="no lab is running. Start one with"):
+        needs(1)
+    optional(1)
+    given = object()
+    needs(1, given)                       # positional or keyword, the lab given is the lab used
+    needs(1, lab=given)
+    assert seen == [None, given, given]
+    assert needs.__wrapped__.__name__ == "needs" and needs.reads_trace is False

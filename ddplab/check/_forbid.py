@@ -82,8 +82,8 @@ _FUNCTIONS = {
     "clip_grad_norm_": tuple(("torch.nn.utils.clip_grad", name) for name in (
         "clip_grad_norm_", "_get_total_norm", "_clip_grads_with_norm_")),
     # notebook 10 imports them on the ranks (save_state, load_state) for its resumable run
-    "ddplab's checkpoint references": (("ddplab.checkpointing", "reference_save"),
-                                       ("ddplab.checkpointing", "reference_load")),
+    "ddplab's checkpoint references": tuple(("ddplab.check.nb10_checkpoints_and_failures.sharded", name)
+                                            for name in ("reference_save", "reference_load")),
 }
 #: Every library ``refusing_library`` knows.
 LIBRARY = (*_CLASSES, *_FUNCTIONS)

@@ -16,11 +16,14 @@
 
 Every check builds its own models and folders on the ranks and compares with
 torch's own save and load, never with stored numbers. That save and load,
-``ddplab.checkpointing.reference_save`` and ``reference_load``, are what
-``save_sharded`` and ``load_resharded`` ask for, and notebook 10 imports them
-on the ranks for its resumable run: during the student's call they refuse
-(``REFERENCES``). The checks' statements say what must hold of the saved
-files and the loaded state; none shows a value to copy.
+``reference_save`` and ``reference_load`` below, are what ``save_sharded`` and
+``load_resharded`` ask for, and notebook 10 imports them on the ranks for its
+resumable run (``from ddplab.check.nb10_checkpoints_and_failures import ...``):
+during the student's call they refuse (``REFERENCES``). They stay with the
+checkers: they are a solution, and an installation made solution-free keeps
+solution text nowhere but in the checkers (``tests/test_wheel.py``). The checks'
+statements say what must hold of the saved files and the loaded state; none
+shows a value to copy.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ import shutil
 import tempfile
 from typing import Any, Callable
 
-from ...checkpointing import reference_load, reference_save
 from .._core import checker, compare, holds, passed, run_student_function
 from .._feedback import Feedback, Row, ranks_phrase
 from .._forbid import refusing_library
@@ -79,6 +81,27 @@ def _ddp(seed: int) -> tuple[Any, Any]:
 
     model = DDP(mlp(seed=seed, dtype=torch.float64))
     return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def reference_save(path: str, model: Any, optimizer: Any, epoch: int) -> None:
+    """What save_sharded should do: model, optimizer (by parameter name) and epoch, every rank."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state, "epoch": epoch}, checkpoint_id=path)
+
+
+def reference_load(path: str, model: Any, optimizer: Any) -> int:
+    """What load_resharded should do: load into this model's own layout, then set it; the epoch."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state, "epoch": -1}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["epoch"]
 
 
 def _keys(path: str) -> list[str] | str:
