@@ -15,6 +15,10 @@ to answer every cell, and then checks the page itself:
 
 It saves screenshots under the test's tmp_path and prints their paths.
 
+The learner's loop (issue 53) is walked too: a wrong answer and its check, where the page must
+show the check's feedback as one block (its headline, no ``Traceback``, none of ddplab's frames),
+then the answer fixed and run again, where it must show the check's pass line.
+
 Jupyter Notebook 7 gets the same walk through notebook 00 and the same live-output test: one
 server serves both, since ``jupyter lab`` also serves Notebook 7's pages (``/notebooks/<path>``)
 when the ``notebook`` package is installed, and Notebook 7 is made of JupyterLab's components
@@ -336,3 +340,77 @@ def test_live_output_shows_while_the_cell_runs(chromium, jupyter_lab, front_end,
                 raise
         finally:
             browser.close()
+
+
+LOOP_NOTEBOOK = "feedback_loop.ipynb"
+LOOP_WRONG = "def swap(t):\n    other = 1 - rank          # the commonest slip: `rank` inside a function\n    return t"
+LOOP_RIGHT = ("def swap(t):\n    import torch.distributed as dist\n    other = 1 - dist.get_rank()\n"
+              "    received = torch.empty_like(t)\n"
+              "    requests = [dist.isend(t, dst=other), dist.irecv(received, src=other)]\n"
+              "    for request in requests:\n        request.wait()\n    return received")
+LOOP_PASS = "Correct: each rank returned the other rank's tensor and kept its own."
+# What the check cell's output area shows, as drawn, and the errors in its model.
+OUTPUT_JS = """name => {
+  const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === name);
+  const cell = panel.content.widgets[2];
+  return {text: cell.node.querySelector('.jp-OutputArea').innerText,
+          errors: cell.model.outputs.toJSON().filter(o => o.output_type === 'error').map(o => o.ename)};
+}"""
+# A student's edit of the answer cell, then Shift+Enter on it and on its check.
+FIX_JS = """([name, source]) => {
+  const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === name);
+  panel.content.widgets[1].model.sharedModel.setSource(source);
+  panel.content.activeCellIndex = 1;
+  return window.jupyterapp.commands.execute('notebook:run-cell-and-select-next').then(
+    () => window.jupyterapp.commands.execute('notebook:run-cell-and-select-next'));
+}"""
+
+
+@pytest.mark.timeout(RUN_DEADLINE + OPEN_DEADLINE + 2 * SERVER_DEADLINE)
+def test_a_wrong_answer_shows_its_feedback_and_the_fix_its_pass_line(chromium, jupyter_lab, tmp_path,
+                                                                    record_property, capsys):
+    """In JupyterLab: the check of a wrong answer shows the feedback block (headline first, no
+    Traceback, no frame of ddplab's checker code); fixed and run again, the check's pass line."""
+    from playwright.sync_api import sync_playwright
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import ddplab\nimport torch\n"
+                                          "lab = ddplab.start(world_size=2, backend='gloo', timeout=120)"),
+                nbformat.v4.new_code_cell(LOOP_WRONG),
+                nbformat.v4.new_code_cell("ddplab.check.swap_tensors(swap)")]
+    nb.metadata = {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                  "name": "python3"}}
+    nbformat.write(nb, str(jupyter_lab.workspace / LOOP_NOTEBOOK))
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS,
+                                             headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(OPEN_DEADLINE * 1000)
+            page.goto(f"{jupyter_lab.url}/{PAGES['jupyterlab']}/{LOOP_NOTEBOOK}?token={jupyter_lab.token}")
+            page.wait_for_function(KERNEL_IDLE_JS, arg=LOOP_NOTEBOOK, timeout=OPEN_DEADLINE * 1000)
+            try:
+                run_all_cells(page, LOOP_NOTEBOOK, RUN_DEADLINE)
+                wrong = page.evaluate(OUTPUT_JS, LOOP_NOTEBOOK)
+                assert wrong["errors"] == ["Feedback"], wrong
+                shown = wrong["text"]
+                assert shown.startswith("NameError: name 'rank' is not defined"), shown
+                assert "other = 1 - rank" in shown and "dist.get_rank()" in shown, shown
+                for frame in ("Traceback", "ddplab/check", "_core.py", "File \""):
+                    assert frame not in shown, f"the feedback shows {frame!r}:\n{shown}"
+                save_screenshots(page, tmp_path, record_property, capsys, name="loop-wrong")
+
+                page.evaluate(WATCH_KERNEL_JS, LOOP_NOTEBOOK)
+                page.evaluate(FIX_JS, [LOOP_NOTEBOOK, LOOP_RIGHT])
+                page.wait_for_function("() => window.ddplabRun.sent >= 2 && "
+                                       "window.ddplabRun.idle >= window.ddplabRun.sent",
+                                       timeout=RUN_DEADLINE * 1000)
+                fixed = page.evaluate(OUTPUT_JS, LOOP_NOTEBOOK)
+                assert fixed["errors"] == [] and fixed["text"].strip() == LOOP_PASS, fixed
+            except BaseException:
+                save_screenshots(page, tmp_path, record_property, capsys, failing=True, name="loop")
+                raise
+            save_screenshots(page, tmp_path, record_property, capsys, name="loop-fixed")
+        finally:
+            browser.close()
+

@@ -87,12 +87,15 @@ def _first_line(values) -> str:
 
 @dataclass
 class Mark:
-    """One exercise of one submission."""
+    """One exercise of one submission: ``reason`` why it was lost (a check's whole feedback, as the
+    notebook shows it), or ``output``, what its check printed when it passed (its ``Correct:`` line)."""
     exercise: str
     passed: bool
     reason: str = ""
     #: How long its exercise and check cells ran, in seconds (JUnit's time per test case).
     seconds: float = 0.0
+    #: A passed check's printed lines (its pass line), for JUnit and Gradescope.
+    output: str = ""
 
 
 def score(steps: list[Step], found: list[Exercise], problems: dict[str, str],
@@ -117,8 +120,14 @@ def score(steps: list[Step], found: list[Exercise], problems: dict[str, str],
             # say that, not only the NameError it caused.
             why = f"{describe(broke)}: {broke.error}, so the cells after it ran without it; {why}"
         spent = check.seconds + (exercise.seconds if exercise is not None else 0.0)
-        marks.append(Mark(ex.name, not why, why, spent))
+        marks.append(Mark(ex.name, not why, why, spent, "" if why else _printed(check.outputs)))
     return marks
+
+
+def _printed(outputs: list) -> str:
+    """What a check cell printed on stdout (a passing check: its one ``Correct:`` line)."""
+    return "".join(str(o.get("text", "")) for o in outputs
+                   if o.get("output_type") == "stream" and o.get("name") == "stdout").strip()
 
 
 def _broken_before(steps: list[Step], check: Step) -> Step | None:

@@ -22,7 +22,7 @@ What that gives, and why each part:
   (``ANSWER_MODULES``: ``ddplab.algorithms``, notebook 06's all_reduces): each
   is replaced by a stand-in that runs its compiled code, so the demos work and
   there is no source to read or copy (a copy of the code objects is still the
-  reference: ``ddplab.check._reference`` recognises it by its instructions).
+  reference: ``ddplab.check.nb06_build_all_reduce._reference`` recognises it by its instructions).
   ``/tmp`` is a fresh, private tmpfs; the
   only writable folder is the submission's scratch folder, which holds a copy
   of its notebook and is its working directory. ``$HOME`` is in ``/tmp``.
