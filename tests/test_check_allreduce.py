@@ -276,7 +276,7 @@ def test_a_deadlocked_ring_is_reported_within_the_check_timeout_with_a_hint(fres
         check.ring_all_reduce(ring_that_sends_first)
     took = time.monotonic() - start
     message = str(info.value)
-    assert "did not finish within 5 s: the ranks are waiting for each other (a deadlock)" in message
+    assert "did not finish: the ranks are waiting for each other (a deadlock)" in message
     assert "rank 0: still in send" in message
     assert "Hint: every rank is waiting in send" in message        # the hint of what the lab saw
     assert "dist.isend" in message and "lab.restart()" in message
@@ -299,7 +299,7 @@ def test_a_ring_deadlocked_while_its_messages_are_followed_says_so_within_the_ti
     message = str(info.value)
     fresh_lab4.restart()
     assert message.startswith("ring_all_reduce(tensor) on shape=[16], dtype=float32, its messages "
-                              "followed did not finish within 5 s: the ranks are waiting"), message
+                              "followed did not finish: the ranks are waiting"), message
     assert "rank 0: still in send" in message
     assert "Hint: every rank is waiting in send" in message
     assert "lab.restart()" in message

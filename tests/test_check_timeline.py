@@ -92,19 +92,41 @@ def test_messages_per_rank_counts_the_rings_sends(fresh_lab4, capsys):
         fresh_lab4.run(ring)
     ddplab.check.messages_per_rank(6)                  # 2(p - 1) for p = 4
     assert capsys.readouterr().out == "Correct: each rank sent 6 messages.\n"
-    # Issue 64: a count that is off says how many each rank sent, the count given, and which way:
-    # "did not send 6: that is too many" said neither, and the traced run may not be the one the
-    # student thinks (the last trace that stopped is read).
-    for wrong, off in ((3, "3 fewer"), (7, "1 more"), (12, "6 more"), (24, "18 more")):
+    # Issue 64: a count that is off says the count given and which way it is off ("did not send
+    # 6: that is too many" said neither), never the traced count or the gap: either is the answer.
+    for wrong, way in ((3, "fewer"), (7, "more"), (12, "more"), (24, "more")):
         message = fails(ddplab.check.messages_per_rank, wrong,
-                        f"your count, {wrong}, is {off} than the messages each rank sent in the "
+                        f"your count, {wrong}, is {way} than the messages each rank sent in the "
                         f"traced run", "Hint: count the arrows leaving one rank's lane")
         for rank in range(4):
-            assert (f"rank {rank}: expected {wrong} (your count)\n" in message
-                    and "got      6 sent (send + isend)   <-- wrong" in message), message
-        assert "did not send" not in message and "too many" not in message
+            assert f"rank {rank}: got {wrong} (too {'few' if way == 'fewer' else 'many'})" in message
+        never_tells(message, "6")           # the traced count; the gap is in no number either
+        assert "did not send" not in message and "not a plain ring" not in message
     assert "that counts the receives too" in fails(ddplab.check.messages_per_rank, 12)
     assert "that is every rank's messages together" in fails(ddplab.check.messages_per_rank, 24)
+
+
+def test_messages_per_rank_of_a_ring_that_sends_extra_says_so_without_the_count(fresh_lab4):
+    """Issue 64's case: the ring's cell ran more than a ring (one extra message per rank), and a
+    count right for a ring was refused with "did not send 6 ... too many"."""
+    from ddplab.algorithms import ring_all_reduce
+
+    def ring_and_one_more():
+        import torch
+        import torch.distributed as dist
+        rank, size = dist.get_rank(), dist.get_world_size()
+        out = ring_all_reduce(torch.ones(64))
+        extra = dist.isend(torch.ones(1), (rank + 1) % size)
+        dist.recv(torch.zeros(1), (rank - 1) % size)
+        extra.wait()
+        return out
+
+    with fresh_lab4.trace():
+        fresh_lab4.run(ring_and_one_more)
+    message = fails(ddplab.check.messages_per_rank, 6,
+                    "your count, 6, is fewer than the messages each rank sent in the traced run",
+                    "the traced run is not a plain ring: each rank sent more messages than a ring's")
+    never_tells(message, "7")
 
 
 def _ddp_backward(steps, cap):

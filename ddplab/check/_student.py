@@ -211,7 +211,9 @@ def hung(what: str, exc: Any, timeout: float, hint: str) -> Feedback:
     where = [f"  rank {rank}: {'still ' + exc.where[rank] if rank in exc.where else state}"
              for rank, state in exc.states.items()]
     seen = deadlock_hint(exc.states, exc.where, exc.stacks).removeprefix("Hint: ")
-    return Feedback(f"{what} did not finish within {timeout:g} s: the ranks are waiting for each "
-                    f"other (a deadlock).", detail=where,
+    # Not "within {timeout} s": the lab says a hang as soon as it is sure (a rank that returned
+    # while another waits for it), often well before the timeout.
+    return Feedback(f"{what} did not finish: the ranks are waiting for each other (a deadlock).",
+                    detail=where,
                     hint=" ".join(part for part in (seen, hint, "Then recover with: lab.restart()")
                                   if part))

@@ -24,10 +24,12 @@ __all__ = sorted([*_methods, "messages_per_rank"])
 def messages_per_rank(answer: Any, trace: Any = None) -> None:
     """How many messages (``send`` + ``isend``) did each rank send in the traced run?
 
-    A count the trace does not hold is answered with what each rank sent, the
-    count given, and which way it is off (issue 64: "did not send 6: too many"
-    said neither): the student's count is in question, and the traced run may
-    not be the one they think (the last trace that stopped is read).
+    A count the trace does not hold is answered with the student's count and
+    which way it is off (issue 64: "did not send 6: too many" said neither),
+    never with the traced count or the gap: either is the answer. Where the
+    traced run is not a plain ring (each rank sent other than a ring's two
+    passes of p - 1), that is said too: the count may be right for a ring and
+    the ring itself the mistake.
     """
     __tracebackhide__ = True
     trace = traced(trace, "messages_per_rank")
@@ -39,18 +41,22 @@ def messages_per_rank(answer: Any, trace: Any = None) -> None:
     truth = next(iter(counts.values()))
     needs_int(answer, "ddplab.check.messages_per_rank(4)")
     if answer != truth:
-        off = answer - truth
         if answer == 2 * truth:
             why = ": that counts the receives too (an arrow's both ends); count only what one rank sends"
         elif answer == truth * len(trace.ranks):
             why = ": that is every rank's messages together; the question is per rank"
         else:
             why = ""
+        p = len(trace.ranks)
+        detail = ([f"the traced run is not a plain ring: each rank sent {'more' if truth > 2 * (p - 1) else 'fewer'}"
+                   f" messages than a ring's reduce-scatter and all-gather send, so the ring itself "
+                   f"differs from a ring (see the ring exercise's check)"] if truth != 2 * (p - 1) else [])
         raise Feedback(
-            f"your count, {answer}, is {abs(off)} {'more' if off > 0 else 'fewer'} than the "
-            f"messages each rank sent in the traced run{why}.",
-            rows=[Row(r, f"{n} sent (send + isend)", expected=f"{answer} (your count)", wrong=True)
-                  for r, n in counts.items()],
+            f"your count, {answer}, is {'more' if answer > truth else 'fewer'} than the messages each "
+            f"rank sent in the traced run{why}.",
+            rows=[Row(r, f"{answer} (too {'many' if answer > truth else 'few'})", wrong=True)
+                  for r in counts],
+            detail=detail,
             hint="count the arrows leaving one rank's lane (a send or isend each). The traced run "
                  "is the last traced cell that ran: trace the all_reduce cell again if another "
                  "traced cell ran after it.")
