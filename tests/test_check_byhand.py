@@ -96,7 +96,7 @@ def test_a_missing_function_and_a_hang_are_named(fresh_lab):
         ddplab.check.average_gradients()
     fresh_lab.run_cell("def average_gradients(model):\n    if rank == 0:\n"
                        "        dist.all_reduce(next(model.parameters()).grad)\n")
-    with pytest.raises(AssertionError, match="did not finish: the ranks are waiting for each other.*deadlock"):
+    with pytest.raises(AssertionError, match="did not finish: the ranks are waiting for each other"):
         ddplab.check.average_gradients(timeout=5)       # the default, 15 s, ends it the same way
 
 

@@ -19,7 +19,7 @@ from ddplab.grade.compare import Mark
 CLASS = [
     Grade("alice", "01_p2p", "a.ipynb", marks=[Mark("ping", True, ""), Mark("swap", True, "")]),
     Grade("bob", "01_p2p", "b.ipynb",
-          marks=[Mark("ping", True, "", "Correct: ping pong."),
+          marks=[Mark("ping", True, "", output="Correct: ping pong."),
                  Mark("swap", False, "check: swap is wrong on rank 1.\n  rank 1: got 2   <-- wrong\n"
                                      "Hint: swap them.")]),
     Grade("bob", "02_coll", "c.ipynb", error="not graded: not valid JSON"),

@@ -47,10 +47,10 @@ def messages_per_rank(answer: Any, trace: Any = None) -> None:
             why = ": that is every rank's messages together; the question is per rank"
         else:
             why = ""
-        p = len(trace.ranks)
-        detail = ([f"the traced run is not a plain ring: each rank sent {'more' if truth > 2 * (p - 1) else 'fewer'}"
+        ring = 2 * (len(trace.ranks) - 1)          # what a plain ring sends: never shown
+        detail = ([f"the traced run is not a plain ring: each rank sent {'more' if truth > ring else 'fewer'}"
                    f" messages than a ring's reduce-scatter and all-gather send, so the ring itself "
-                   f"differs from a ring (see the ring exercise's check)"] if truth != 2 * (p - 1) else [])
+                   f"differs from a ring (see the ring exercise's check)"] if truth != ring else [])
         raise Feedback(
             f"your count, {answer}, is {'more' if answer > truth else 'fewer'} than the messages each "
             f"rank sent in the traced run{why}.",
