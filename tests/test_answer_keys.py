@@ -94,13 +94,60 @@ def test_on_a_rank_even_a_checker_cannot_load_a_key(fresh_lab):
 
 
 def test_a_sealed_worker_loads_keys_from_memory_and_the_file_is_gone(standin, tmp_path_factory, monkeypatch):
+    from ddplab.grade import sandbox
+
+    monkeypatch.setattr(sandbox, "answer_key_sources", lambda: [standin / "standin.py"])
     blob = tmp_path_factory.mktemp("worker") / "keys"
-    blob.write_bytes(_keys.pack())
+    blob.write_bytes(sandbox.answer_keys_blob())
     monkeypatch.setattr(_keys, "_sealed", {})
     assert _keys.seal(blob) and not blob.exists()
     monkeypatch.setattr(_keys, "FOLDER", tmp_path_factory.mktemp("sandboxed"))   # sources hidden
     assert _checker(CHECK)(2, 2) == 1 / 3
     assert not _keys.seal(blob)                                   # a second look finds nothing
+
+
+def test_the_sandbox_hides_every_key_and_hands_the_worker_a_file(tmp_path):
+    from ddplab.grade import sandbox
+
+    keys = sandbox.answer_key_sources()
+    args = sandbox.wrap(["true"], scratch=tmp_path, bwrap="bwrap")
+    for source in keys:
+        at = args.index(str(source))
+        assert args[at - 2:at] == ["--ro-bind", str(tmp_path / "answers" / "empty.py")], source
+    at = args.index(sandbox.ANSWER_KEYS_VARIABLE)
+    assert args[at - 1] == "--setenv" and args[at + 1] == str(tmp_path / "answer-keys")
+    assert (tmp_path / "answer-keys").exists() and _keys.ENV == sandbox.ANSWER_KEYS_VARIABLE
+    assert (tmp_path / "answers" / "empty.py").read_text() == ""
+
+
+def test_a_worker_importing_ddplab_check_seals_the_keys_and_its_children_see_nothing(standin, tmp_path,
+                                                                                     monkeypatch):
+    """What ``witness.prepare`` does in a grading worker: ``import ddplab.check`` takes the keys,
+    deletes their file, and drops the variable, so the kernel it starts next finds neither."""
+    import os
+    import subprocess
+
+    from ddplab.grade import sandbox
+
+    monkeypatch.setattr(sandbox, "answer_key_sources", lambda: [standin / "standin.py"])
+    blob = tmp_path / "answer-keys"
+    blob.write_bytes(sandbox.answer_keys_blob())
+    probe = PROBE.replace("BLOB", str(blob)).replace("VARIABLE", _keys.ENV)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, _keys.ENV: str(blob)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["['standin'] False None", "None"]     # and a child: nothing
+
+
+#: A worker's view, then its child's (the kernel it starts).
+PROBE = """
+import os, subprocess, sys
+import ddplab.check
+from ddplab.check import _keys
+print(sorted(_keys._sealed), os.path.exists("BLOB"), os.environ.get("VARIABLE"))
+child = "import os; print(os.environ.get('VARIABLE'))"
+print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout.strip())
+"""
 
 
 def test_no_checker_keeps_a_key_on_a_module_level_name():
@@ -116,3 +163,28 @@ def test_no_checker_keeps_a_key_on_a_module_level_name():
                         getattr(call.func.value, "id", "") in ("_keys", "keys"):
                     found.append(f"{path.relative_to(root)}:{call.lineno}")
     assert found == [], f"module-level answer keys: {found}"
+
+
+def test_inside_the_sandbox_a_key_is_empty_and_only_the_worker_has_it(tmp_path, monkeypatch):
+    """A real bubblewrap sandbox as ``ddplab grade`` makes one: the key's source reads empty
+    inside, and the worker's ``import ddplab.check`` has the compiled key and nothing left behind."""
+    import subprocess
+
+    from ddplab.grade import sandbox
+
+    if sandbox.unavailable_reason():
+        pytest.skip(f"no sandbox here: {sandbox.unavailable_reason()}")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    key = scratch / "standin.py"                      # inside a folder the sandbox binds
+    key.write_text(STANDIN)
+    monkeypatch.setattr(sandbox, "answer_key_sources", lambda: [key])
+    probe = ("import os\nprint(repr(open(%r).read()))\nimport ddplab.check\nfrom ddplab.check import _keys\n"
+             "print(sorted(_keys._sealed), os.path.exists(%r), os.environ.get(%r))"
+             % (str(key), str(scratch / "answer-keys"), _keys.ENV))
+    command = sandbox.wrap([sys.executable, "-c", probe], scratch=scratch)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                            env=sandbox.environment(dict(__import__("os").environ)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["''", "['standin'] False None"], result.stdout
+    assert key.read_text() == STANDIN                 # outside, the file is what it was

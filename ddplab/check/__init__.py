@@ -16,6 +16,7 @@ Notebooks call checkers through ``ddplab.check.``, so the two never collide.
 """
 
 from . import (
+               _keys,  # noqa: F401  (a grading worker seals the answer keys when it imports ddplab.check)
                allreduce,
                at_scale,
                build_ddp,

@@ -27,10 +27,13 @@ reference by its name, by accident or on purpose, in the notebook and under
 ``ddplab grade``. What it does not: code that reads the installed source file
 (the student owns their copy of ddplab) or forges its caller's ``__name__``
 (``exec`` with globals of its own). Under ``ddplab grade`` the sandbox is where
-that is closed: each key's source is bound to ``/dev/null`` inside it, and the
+that is closed: each key's source is an empty file inside it, and the
 grading worker, which runs every check itself (``ddplab.grade.witness``), gets
-them as compiled code before the submission's first cell runs
-(``seal``), from a file it deletes; the kernel cannot read the worker's memory.
+them as compiled code before the submission's first cell runs (``seal``, from
+the file ``ddplab.grade.sandbox`` wrote, which it deletes); the kernel it starts
+next finds neither the file nor its name, and cannot read the worker's memory
+(``procs.hide_memory``). ``ddplab.check`` imports this package, so the worker's
+``import ddplab.check`` is what seals it.
 
 How a checker uses this::
 
@@ -50,12 +53,14 @@ import sys
 import types
 from pathlib import Path
 
-__all__ = ["KeyRefused", "load", "names", "pack", "seal"]
+__all__ = ["ENV", "KeyRefused", "load", "names", "seal"]
 
 FOLDER = Path(__file__).resolve().parent
 PACKAGE = __name__
 #: Compiled keys handed to a grading worker (``seal``): name -> marshalled code.
 _sealed: dict[str, bytes] = {}
+#: The variable that names them (``ddplab.grade.sandbox.ANSWER_KEYS_VARIABLE``).
+ENV = "DDPLAB_ANSWER_KEYS"
 
 
 class KeyRefused(ImportError):
@@ -124,15 +129,9 @@ def load(name: str) -> types.ModuleType:
     return module
 
 
-def pack() -> bytes:
-    """Every key compiled and marshalled, for ``seal`` in a grading worker (made outside its sandbox)."""
-    return marshal.dumps({p.stem: marshal.dumps(compile(p.read_text(), str(p), "exec"))
-                          for p in sorted(FOLDER.glob("*.py")) if p.stem != "__init__"})
-
-
 def seal(path: str | os.PathLike) -> bool:
-    """In a grading worker, before any submission code: take the keys from ``path`` (``pack``'s
-    bytes), delete the file, and serve ``load`` from memory. False when there is no such file."""
+    """Serve ``load`` from the compiled keys in ``path`` (``ddplab.grade.sandbox.answer_keys_blob``),
+    and delete the file. False when there is no such file."""
     try:
         blob = Path(path).read_bytes()
     except FileNotFoundError:
@@ -140,3 +139,15 @@ def seal(path: str | os.PathLike) -> bool:
     os.unlink(path)
     _sealed.update(marshal.loads(blob))
     return True
+
+
+def _seal_for_the_grader() -> None:
+    """In a grading worker, when this package is first imported (``witness.prepare`` imports
+    ``ddplab.check``, before the submission's first cell): take the keys the sandbox wrote, and
+    the variable naming them, out of reach of the kernel the worker starts next."""
+    path = os.environ.pop(ENV, None)
+    if path:
+        seal(path)
+
+
+_seal_for_the_grader()
