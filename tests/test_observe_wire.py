@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import pytest
 
-#: path -> (family, layer that records it, whether the flight recorder saw it too)
+#: path -> (family, layer that records it, whether the flight recorder saw it too, whether
+#: lab.trace() (ddplab.rank.trace: dist's wrappers, and the dispatcher at the Autograd key) does)
 PATHS = {
-    "alias bound before": ("all_reduce", "dispatcher", True),
-    "ProcessGroup method": ("all_reduce", "dispatcher", True),
-    "backend method": ("all_reduce", "backend", True),
-    "backend method bound before": ("all_reduce", "flight", False),
-    "functional collective": ("all_reduce", "dispatcher", True),
-    "torch.ops._c10d_functional under inference_mode": ("all_reduce", "dispatcher", True),
-    "torch.ops.c10d": ("all_reduce", "dispatcher", True),
-    "reduce_scatter_tensor": ("reduce_scatter", "dispatcher", True),
+    "alias bound before": ("all_reduce", "dispatcher", True, True),
+    "ProcessGroup method": ("all_reduce", "dispatcher", True, True),
+    "backend method": ("all_reduce", "backend", True, False),
+    "backend method bound before": ("all_reduce", "flight", False, False),
+    "functional collective": ("all_reduce", "dispatcher", True, False),
+    "torch.ops._c10d_functional under inference_mode": ("all_reduce", "dispatcher", True, False),
+    "torch.ops.c10d": ("all_reduce", "dispatcher", True, True),
+    "reduce_scatter_tensor": ("reduce_scatter", "dispatcher", True, True),
 }
 
 
@@ -33,6 +34,7 @@ def _one_path(path: str) -> dict:
 
     from ddplab.check._forbid import counting
     from ddplab.check._observe import wire
+    from ddplab.rank import trace
 
     group = dist.group.WORLD
     backend = group._get_backend(torch.device("cpu"))
@@ -51,12 +53,18 @@ def _one_path(path: str) -> dict:
             torch.zeros(3, dtype=torch.float64), t),
     }
     old = _OldAllReduceLog()                       # the old way: dist.all_reduce patched
-    with wire.recording() as record, counting("all_reduce") as flight_count, old:
-        record.mark("before")
-        ways[path]()
-        record.mark("after")
+    trace.start()
+    try:
+        with wire.recording() as record, counting("all_reduce") as flight_count, old:
+            record.mark("before")
+            ways[path]()
+            record.mark("after")
+    finally:
+        column = trace.stop()["events"]["op"]           # packed: {"all": op, "n": count} or a list
+        traced = [column["all"]] * column["n"] if isinstance(column, dict) else column
     ops = record.between(record.first("before"), record.first("after"))
     return {"ops": [(op.family, op.layer, op.numel, list(op.flight)) for op in ops],
+            "traced": [op for op in traced if op != "wait"],
             "old_log": old.calls, "flight_counted_all_reduce": flight_count[0],
             "flight": {k: len(v) if isinstance(v, list) else v for k, v in record.flight.items()}}
 
@@ -97,8 +105,10 @@ class _OldAllReduceLog:
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_each_path_to_the_backend_is_recorded_once_by_its_layer(fresh_lab, path):
-    family, layer, confirmed = PATHS[path]
+    family, layer, confirmed, traced = PATHS[path]
     for rank, got in enumerate(fresh_lab.run(_one_path, path, timeout=60)):
+        # what lab.trace() records of it: one op (named as dist names it), or nothing
+        assert len(got["traced"]) == int(traced) and all(family in op for op in got["traced"]), (rank, got)
         assert len(got["ops"]) == 1, (rank, got)
         seen_family, seen_layer, numel, flight_names = got["ops"][0]
         assert (seen_family, seen_layer, numel) == (family, layer, 6), (rank, got)

@@ -41,21 +41,27 @@ gloo's reduce_scatter Work never reports itself complete, so for it a wait is
 the only sign.
 
 What each layer sees on gloo, torch 2.13 (``tests/test_observe_wire.py`` runs
-one path each on a real lab):
+each path on a real lab), beside what ddplab counted with before: ``lab.trace()``
+(``ddplab.rank.trace``: ``dist``'s wrappers, and the dispatcher at the Autograd
+key) and ``dist.all_reduce`` replaced by a counting wrapper (``AllReduceLog``):
 
-=========================================  ==========  =======  ==============================
-path                                        dispatcher  backend  flight recorder
-=========================================  ==========  =======  ==============================
-``dist.all_reduce``, any alias of it        yes         no       yes
-``group.allreduce`` (ProcessGroup method)   yes         no       yes
-``group._get_backend(d).allreduce``         no          yes      yes
-a backend method bound before the check     no          no       yes
-functional collectives, ``torch.ops``       yes         no       yes
-the same under ``torch.inference_mode()``   yes         no       yes
-``reduce_scatter_tensor``                   yes         no       as ``all_reduce`` (gloo)
-``send``/``isend``/``batch_isend_irecv``    yes         no       no (gloo keeps no p2p)
-``backend.send`` (direct)                   no          yes      no
-=========================================  ==========  =======  ==============================
+=============================================  ==========  =======  ==============  =========  ========
+path                                            dispatcher  backend  flight recorder lab.trace  patched
+=============================================  ==========  =======  ==============  =========  ========
+``from torch.distributed import all_reduce``    yes         no       yes             yes        no
+``group.allreduce`` (a ProcessGroup method)     yes         no       yes             yes        no
+``group._get_backend(d).allreduce``             no          yes      yes             no         no
+a backend method bound before the check         no          no       yes             no         no
+``_functional_collectives.all_reduce``          yes         no       yes             no         no
+``torch.ops._c10d_functional``, inference_mode  yes         no       yes             no         no
+``torch.ops.c10d.allreduce_``                   yes         no       yes             yes        no
+``dist.reduce_scatter_tensor``                  yes         no       as all_reduce   yes        no
+``batch_isend_irecv`` (send, recv, peers)       yes         no       no              n/t        no
+``backend.send`` / ``backend.recv``             no          yes      no              n/t        no
+=============================================  ==========  =======  ==============  =========  ========
+
+(n/t: not tested here.) The flight recorder alone cannot tell a reduce_scatter
+from an all_reduce on gloo, and keeps no point-to-point op at all.
 
 Where the record lives, and what "cannot reach" means. The record is the
 ``Record`` the context manager yields to the checker, and the kernels and
