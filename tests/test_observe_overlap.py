@@ -11,6 +11,10 @@ in or out of backward, judged as ``overlap_hooks`` judged them) is run beside it
 
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.slow      # real labs, like the checkers' own tests
+
 
 def _install(variant: str, net, bound_early) -> list:
     """The student's side: hooks on the parameters, per ``variant``; returns the handles list.

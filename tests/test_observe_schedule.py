@@ -10,6 +10,11 @@ the lying GPipe on 2 stages of 4 micro-batches, and compare both views.
 
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.slow      # real labs, like the checkers' own tests
+
+
 M = 4          # micro-batches
 
 

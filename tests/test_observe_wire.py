@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.slow      # real labs, like the checkers' own tests
+
+
 #: path -> (family, layer that records it, whether the flight recorder saw it too, whether
 #: lab.trace() (ddplab.rank.trace: dist's wrappers, and the dispatcher at the Autograd key) does)
 PATHS = {
