@@ -37,7 +37,8 @@ lab-reference: install
 # The browser test needs Debian's Chromium: installed here when missing (apt-get, as
 # root, as on CI), and required, so a machine without it fails rather than skips.
 # Where the time goes: the 30 slowest tests close the run, build/test-results.xml has
-# every test's time, and `python tools/test_times.py` sums it by module.
+# every test's time, and `python tools/test_times.py` sums it by module. Last, the exercise
+# matrix: which exercises have their four kinds of test (--allow-incomplete until all do).
 test: install
 	bash tools/ensure_chromium.sh
 	bash tools/ensure_hosts.sh $(BIN)/python
@@ -47,6 +48,7 @@ test: install
 		--nbval-sanitize-with ddplab/grade/nbval_sanitize.cfg \
 		--durations=30 --junitxml=build/test-results.xml
 	$(BIN)/python tools/test_times.py build/test-results.xml
+	$(BIN)/python tools/exercise_matrix.py --allow-incomplete
 
 # The inner loop while changing code (under a minute on 2 cores: 51 s for 431 tests): every test but the slow, course, browser,
 # netns, gpu, realhosts and hub tiers, and no notebooks. `make test` (what CI runs) still runs them all.

@@ -72,6 +72,8 @@ def ping_pong_returns_reply_on_both(x):
     return received
 
 
+@pytest.mark.exercise("ping_pong", "mistake", "the reply not doubled")
+@pytest.mark.exercise("ping_pong", "mistake", "rank 1 returns the doubled reply")
 def test_ping_pong(fresh_lab, capsys):
     p2p.ping_pong(ping_pong_right)
     assert capsys.readouterr().out.splitlines()[-1].startswith("Correct: rank 0 got back twice")
@@ -115,6 +117,8 @@ def swap_deadlocks(t):
     return received
 
 
+@pytest.mark.exercise("swap_tensors", "mistake", "returns its own tensor")
+@pytest.mark.exercise("swap_tensors", "mistake", "receives into t")
 def test_swap_tensors(fresh_lab, capsys):
     p2p.swap_tensors(swap_right)
     assert capsys.readouterr().out.startswith("Correct: each rank returned the other rank's tensor")
@@ -123,6 +127,7 @@ def test_swap_tensors(fresh_lab, capsys):
     assert "Hint: receive into a new buffer" in message
 
 
+@pytest.mark.exercise("swap_tensors", "mistake", "two blocking sends facing each other")
 def test_swap_tensors_reports_a_deadlock_per_rank(fresh_lab):
     message = _fails(p2p.swap_tensors, swap_deadlocks, timeout=5, match="a deadlock")
     assert "rank 0: still in send" in message and "rank 1: still in send" in message
@@ -145,6 +150,7 @@ def swap_into_a_float_buffer(t):
     return received
 
 
+@pytest.mark.exercise("swap_tensors", "mistake", "a float32 buffer for an int64 tensor")
 def test_a_float_buffer_for_an_int_tensor_is_named_as_a_dtype_mismatch(fresh_lab):
     message = _fails(p2p.swap_tensors, swap_into_a_float_buffer,
                      match=r"a dtype or size mismatch: dist\.irecv receives into a tensor of "
@@ -182,6 +188,8 @@ def exchange_own_twice(t):
     return t.clone(), t.clone()
 
 
+@pytest.mark.exercise("neighbour_exchange", "mistake", "left and right swapped")
+@pytest.mark.exercise("neighbour_exchange", "mistake", "its own tensor twice")
 def test_neighbour_exchange(fresh_lab4, capsys):
     p2p.neighbour_exchange(exchange_right)
     assert capsys.readouterr().out.startswith("Correct: every rank got its left and right")
@@ -241,6 +249,7 @@ def all_gather_through_the_group(tensor_list, tensor):
     dist.group.WORLD.allgather([tensor_list], [tensor]).wait()
 
 
+@pytest.mark.exercise("all_gather_p2p", "bypass")
 def test_all_gather_p2p_may_not_call_a_collective(fresh_lab4):
     message = _fails(p2p.all_gather_p2p, all_gather_with_the_collective,
                      match=r"^my_all_gather builds all_gather from send/recv, so it may not call "
@@ -253,6 +262,7 @@ def test_all_gather_p2p_may_not_call_a_collective(fresh_lab4):
     p2p.all_gather_p2p(all_gather_right)      # and the collective works again afterwards
 
 
+@pytest.mark.exercise("all_gather_p2p", "bypass")
 def test_all_gather_p2p_refuses_the_collective_under_any_name(fresh_lab4):
     """A module-level ``from torch.distributed import all_gather as gather_all``, bound before the
     check, is the real function: the check refuses the collective at the process group."""
@@ -265,6 +275,9 @@ def test_all_gather_p2p_refuses_the_collective_under_any_name(fresh_lab4):
     p2p.all_gather_p2p(all_gather_right)
 
 
+@pytest.mark.exercise("all_gather_p2p", "mistake", "only its own entry")
+@pytest.mark.exercise("all_gather_p2p", "mistake", "entries shifted by one")
+@pytest.mark.exercise("all_gather_p2p", "mistake", "rebinds the list")
 def test_all_gather_p2p(fresh_lab4, capsys):
     p2p.all_gather_p2p(all_gather_right)
     assert capsys.readouterr().out == \
@@ -299,6 +312,8 @@ RING_REVERSED = RING_RIGHT.replace("dst=right", "dst=LEFT").replace("src=left", 
     .replace("LEFT", "left")
 
 
+@pytest.mark.exercise("ring_token", "mistake", "nothing passed on")
+@pytest.mark.exercise("ring_token", "mistake", "the ring walked the other way")
 def test_ring_token(fresh_lab4, capsys):
     fresh_lab4.run_cell(RING_RIGHT)
     p2p.ring_token()
@@ -312,6 +327,7 @@ def test_ring_token(fresh_lab4, capsys):
     assert "got      [6.0] (float32)   <-- wrong" in message
 
 
+@pytest.mark.exercise("ring_token", "stub")
 def test_ring_token_without_the_variable(fresh_lab4):
     fresh_lab4.run_cell("token = torch.zeros(1)", ranks=[0, 1, 3])
     fresh_lab4.run_cell("token = 1\ndel token", ranks=[2])
@@ -346,6 +362,7 @@ def gather_by_remaking_every_input(tensor_list, tensor):
 
 @pytest.mark.parametrize("answer", [gather_from_the_checkers_frames, gather_by_remaking_every_input],
                          ids=lambda f: f.__name__)
+@pytest.mark.exercise("all_gather_p2p", "bypass")
 def test_all_gather_cannot_be_answered_without_communicating(fresh_lab, answer):
     """Issue 46: no rank holds another's input or the expected list; each is sent its own input,
     drawn from a seed no rank sees."""

@@ -34,6 +34,7 @@ def test_mean_score_passes_the_right_answer(fresh_lab, capsys):
     ddplab.check.mean_score()
 
 
+@pytest.mark.exercise("mean_score", "mistake", "the mean of the ranks' means")
 def test_mean_score_rejects_the_mean_of_means_and_names_the_fix(fresh_lab):
     _prepare(fresh_lab)
     fresh_lab.run_cell("mean_score = ddplab_scores(rank).mean().reshape(1)\n"
@@ -46,6 +47,7 @@ def test_mean_score_rejects_the_mean_of_means_and_names_the_fix(fresh_lab):
     assert "2.1666" not in str(info.value)          # the answer is never shown
 
 
+@pytest.mark.exercise("mean_score", "mistake", "each rank's own mean, never reduced")
 def test_mean_score_without_all_reduce_is_wrong(fresh_lab):
     _prepare(fresh_lab)
     fresh_lab.run_cell("mean_score = ddplab_scores(rank).mean().reshape(1)")
@@ -55,6 +57,7 @@ def test_mean_score_without_all_reduce_is_wrong(fresh_lab):
         ddplab.check.mean_score()
 
 
+@pytest.mark.exercise("mean_score", "stub")
 def test_mean_score_missing_names_the_variable(fresh_lab):
     fresh_lab.restart()
     with pytest.raises(AssertionError, match="no variable `mean_score` on ranks 0, 1"):
@@ -73,6 +76,7 @@ TCP = ("import torch.distributed as dist\n"
        "rank=rank, world_size=2)")
 
 
+@pytest.mark.exercise("tcp_group", "stub")
 def test_tcp_group_not_joined_names_the_ranks(bare):
     bare.restart()
     with pytest.raises(ddplab.check.Feedback, match=r"(?s)^ranks 0, 1 have not joined a group.*tcp://"):
@@ -87,6 +91,7 @@ def test_tcp_group_passes_a_tcp_group(bare, capsys):
         "Correct: the 2 ranks joined one group over tcp://, each with its own rank.\n")
 
 
+@pytest.mark.exercise("tcp_group", "mistake", "env:// and torchrun's variables instead of tcp://")
 def test_tcp_group_rejects_env(bare):
     bare.restart()
     bare.run_cell("import os, torch.distributed as dist\n"
@@ -98,6 +103,7 @@ def test_tcp_group_rejects_env(bare):
         setup.tcp_group(lab=bare)
 
 
+@pytest.mark.exercise("tcp_group", "mistake", "rank and world_size swapped")
 def test_tcp_group_rejects_swapped_ranks(bare):
     bare.restart()
     bare.run_cell(TCP.replace("rank=rank", "rank=1 - rank"))

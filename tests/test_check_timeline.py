@@ -33,6 +33,9 @@ def never_tells(message: str, *truths: str) -> None:
     assert not re.search(r"\d+(\.\d+)? ?m?s\b", message), message
 
 
+@pytest.mark.exercise("straggler", "mistake", "a rank that itself waited")
+@pytest.mark.exercise("straggler", "mistake", "a rank the trace does not have")
+@pytest.mark.exercise("straggler", "bypass")
 def test_straggler_follows_the_run_not_a_stored_answer(fresh_lab4, capsys):
     with fresh_lab4.trace():
         fresh_lab4.run(tracing.uneven_work)            # the exercise's run: rank 2 works longest
@@ -58,6 +61,8 @@ def test_straggler_needs_a_wait_to_find(fresh_lab4):
     fails(ddplab.check.straggler, 0, "no rank waited")
 
 
+@pytest.mark.exercise("who_waited", "mistake", "a send that never waited", cell="check-who-waited")
+@pytest.mark.exercise("who_waited", "mistake", "a call the rank never made", cell="check-who-waited")
 def test_who_waited_right_and_wrong(fresh_lab):
     with fresh_lab.trace() as tr:
         fresh_lab.run_cell("import time\nt = torch.ones(2)\ndist.barrier()\nif rank == 0:\n"

@@ -150,6 +150,12 @@ def test_each_submission_loses_exactly_the_exercises_it_breaks(graded):
         assert g.score == len(EXERCISES) - len(lose)
 
 
+@pytest.mark.exercise("who_waited", "stub")
+@pytest.mark.exercise("ping_pong", "stub")
+@pytest.mark.exercise("swap_tensors", "stub")
+@pytest.mark.exercise("ring_token", "stub")
+@pytest.mark.exercise("neighbour_exchange", "stub")
+@pytest.mark.exercise("all_gather_p2p", "stub")
 def test_each_failure_has_a_short_reason_that_names_the_cause(graded):
     grades = graded[0]
     reason = {s: {m.exercise: m.reason for m in g.marks if not m.passed} for s, g in grades.items()}

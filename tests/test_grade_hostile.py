@@ -128,6 +128,9 @@ def test_the_run_completes_and_reports_every_submission(graded):
     assert not list(graded["csv"].parent.glob("*.journal"))         # done: no journal left
 
 
+@pytest.mark.exercise("mean_score", "bypass")
+@pytest.mark.exercise("swap_tensors", "bypass")
+@pytest.mark.exercise("who_waited", "bypass", cell="check-who-waited")
 @pytest.mark.parametrize("name", list(EVERY))
 def test_each_attack_scores_what_its_work_deserves(graded, name):
     row = _rows(graded)[name]
