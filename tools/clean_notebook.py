@@ -14,16 +14,28 @@ cell and a check cell an autograded, locked test cell worth one point (as in
 loses any nbgrader metadata. A hint for an exercise stays in its cell's
 ``{"ddplab": {"hint": ...}}`` metadata (``ddplab.hint``).
 
+With ``--stub-run`` it also runs each notebook's student version (every
+solution a stub) through ``ddplab grade``, as the suite's round trip does, and
+records in each code cell whether the student version keeps its outputs: only
+where that run printed the same (``ddplab.course.release``). Run it after
+re-executing a notebook whose outputs changed; it takes one run of the
+notebook, several notebooks side by side.
+
     python tools/clean_notebook.py notebooks/*.ipynb
+    python tools/clean_notebook.py --stub-run notebooks/12_build_ddp_zero_fsdp.ipynb
 """
 
-import sys
+import argparse
+import tempfile
+from pathlib import Path
 
 import nbformat
 
 KEEP_CELL_METADATA = {"tags", "editable", "deletable", "nbgrader", "ddplab"}
 GRADED_ID_PREFIXES = ("exercise-", "check-")
 NBGRADER_SCHEMA = 3
+#: Per cell while the stub run executes: nbval's timeout in make test.
+STUB_CELL_TIMEOUT = 300
 
 
 def nbgrader_metadata(cell) -> dict | None:
@@ -59,6 +71,60 @@ def clean(path: str) -> None:
     nbformat.write(nb, path)
 
 
+def stub_run(paths: list[str], jobs: int = 2) -> None:
+    """Grade each notebook's student version against it; record which outputs the copy keeps.
+
+    A stub must fail fast (raise): were an exercise lost to a hang, a timeout or a dead
+    kernel, ``ddplab grade`` would go on from the reference solution, not from what a
+    student's run leaves, so such a run records nothing and says so.
+    """
+    from ddplab.course.release import record_stub_run, release_notebook
+    from ddplab.grade.class_run import grade
+
+    with tempfile.TemporaryDirectory(prefix="stub-run-") as tmp:
+        by_name = {}
+        for path in map(Path, paths):
+            by_name[path.name] = path
+            student = Path(tmp) / path.parent.name / "stub"
+            student.mkdir(parents=True, exist_ok=True)
+            released = release_notebook(nbformat.read(path, as_version=4), path.name)
+            nbformat.write(released, student / path.name)
+        graded = []
+        for folder in sorted({p.parent for p in by_name.values()}):
+            mine = [Path(tmp) / folder.name / "stub" / p.name for p in by_name.values()
+                    if p.parent == folder]
+            graded += grade(mine, folder, jobs=jobs, cell_timeout=STUB_CELL_TIMEOUT)
+    for result in graded:
+        path = by_name[Path(result.path).name]
+        broke = [f"{m.exercise}: {m.reason}" for m in result.marks if _broke_the_lab(m.reason)]
+        broke += [f for f in result.cells_failed if _broke_the_lab(f)]
+        if result.error or broke:
+            why = result.error or ("broke its lab, so ddplab grade went on from the reference "
+                                   "solution: " + "; ".join(broke)[:400])
+            print(f"{path}: not recorded: the stub run {why}")
+            continue
+        nb = nbformat.read(path, as_version=4)
+        verdicts = record_stub_run(nb, result.cell_digests)
+        nbformat.write(nb, path)
+        print(f"{path}: the student version keeps the outputs of {len(verdicts['kept'])} cells, "
+              f"clears {len(verdicts['cleared'])}: {', '.join(verdicts['cleared']) or 'none'}")
+
+
+def _broke_the_lab(reason: str) -> bool:
+    """Whether a grade's reason says the kernel or lab was recovered by a replay
+    (``ddplab.grade.run``): a hang, a cell timeout, a dead kernel, cells not run."""
+    return any(words in reason for words in ("HangError", "timed out after", "the kernel died",
+                                              ": timeout: ", ": died: ", "not run"))
+
+
 if __name__ == "__main__":
-    for path in sys.argv[1:]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebooks", nargs="+")
+    parser.add_argument("--stub-run", action="store_true",
+                        help="also run each student version and record which outputs it keeps")
+    parser.add_argument("--jobs", type=int, default=2, help="notebooks run at once (--stub-run)")
+    args = parser.parse_args()
+    for path in args.notebooks:
         clean(path)
+    if args.stub_run:
+        stub_run(args.notebooks, args.jobs)
