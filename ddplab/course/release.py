@@ -164,6 +164,7 @@ def release_notebook(nb, name: str = "notebook"):
             continue
         if has_solution(cell):
             cell.source = strip_solutions(cell.source, where)
+            cell.outputs, cell.execution_count = [], None      # whatever its tags: a solution's
         elif "exercise" in cell.metadata.get("tags", []):
             raise ReleaseError(f"ddplab release: {where} is tagged 'exercise' but has no "
                                f"'{BEGIN}' / '{END}' block, so students would get the answer. "
