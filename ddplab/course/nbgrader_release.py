@@ -5,33 +5,39 @@ step); ddplab's keeps a cell's outputs only where the student's own run of
 that version prints them too (``ddplab.course.release``): a demo's picture
 stays, a check's ``Correct: ...`` and anything computed from a solution go.
 ``StudentOutputs`` takes ``ClearOutput``'s place and applies ddplab's rule, cell
-by cell, with the same function ``ddplab release`` and ``ddplab notebooks``
-use (``release.student_cell``), so the three hand out the same notebook. In
+by cell, with the function ``ddplab release`` and ``ddplab notebooks`` use
+(``release.student_cell``), so the three hand out the same notebook. In
 ``nbgrader_config.py``::
 
     c = get_config()
     from ddplab.course.nbgrader_release import PREPROCESSORS
     c.GenerateAssignment.preprocessors = PREPROCESSORS
 
-Only nbgrader imports this module (it needs nbgrader, which ddplab does not).
+The steps are named by their import paths, which nbconvert imports when it
+registers them: ddplab itself never imports nbgrader, which it does not
+depend on. ``tests/test_nbgrader.py`` checks that the list is nbgrader's own
+with that one step replaced.
 """
 
 from __future__ import annotations
 
-from nbgrader.converters import GenerateAssignment
-from nbgrader.preprocessors import ClearOutput, NbGraderPreprocessor
-
 from .release import student_cell
 
+#: nbgrader's own ``generate_assignment`` steps (nbgrader 0.9's ``GenerateAssignment.preprocessors``).
+NBGRADER_STEPS = ("IncludeHeaderFooter", "InstantiateTests", "LockCells", "ClearSolutions", "ClearOutput",
+                  "CheckCellMetadata", "ComputeChecksums", "SaveCells", "ClearHiddenTests",
+                  "ClearMarkScheme", "ComputeChecksums", "CheckCellMetadata")
+#: Those steps by import path, ``ClearOutput`` replaced by ``StudentOutputs``.
+PREPROCESSORS = [f"{__name__}.StudentOutputs" if step == "ClearOutput" else f"nbgrader.preprocessors.{step}"
+                 for step in NBGRADER_STEPS]
 
-class StudentOutputs(NbGraderPreprocessor):
-    """ddplab's student outputs in place of nbgrader's ``ClearOutput`` (which clears them all)."""
 
-    def preprocess_cell(self, cell, resources, index):
-        student_cell(cell)
-        return cell, resources
+class StudentOutputs:
+    """ddplab's student outputs, as an nbconvert preprocessor (a callable on a notebook)."""
 
+    enabled = True
 
-#: nbgrader's ``generate_assignment`` steps, ``ClearOutput`` replaced by ``StudentOutputs``.
-PREPROCESSORS = [StudentOutputs if step is ClearOutput else step
-                 for step in GenerateAssignment.class_traits()["preprocessors"].default()]
+    def __call__(self, nb, resources):
+        for cell in nb.cells:
+            student_cell(cell)
+        return nb, resources
