@@ -148,6 +148,24 @@ def test_a_student_copy_given_as_the_reference_stops_grading(tmp_path):
         check_reference(tmp_path / "00_setup.ipynb")
 
 
+def test_a_copy_made_before_the_names_were_hyphenated_is_still_graded_exercise_by_exercise():
+    """A workspace copy from before issue 53 has `exercise-global_mean`, `check-global_mean`:
+    grading matches its check cells by tag and source, its exercise cells by position."""
+    from ddplab.grade.plan import exercises, plan
+
+    course = nbformat.read(ROOT / "notebooks" / "05_ddp_training.ipynb", as_version=4)
+    old = release_notebook(course, "05_ddp_training.ipynb")
+    renamed = 0
+    for cell in old.cells:
+        if cell.id.startswith(("exercise-", "check-")) and cell.id.count("-") > 1:
+            prefix, name = cell.id.split("-", 1)
+            cell.id, renamed = f"{prefix}-{name.replace('-', '_')}", renamed + 1
+    assert renamed >= 10
+    steps, problems = plan(old, exercises(course))
+    assert problems == {}
+    assert sorted(s.name for s in steps if s.role == "check") == sorted(e.name for e in exercises(course))
+
+
 def test_nbgraders_steps_are_its_own_with_clear_output_replaced_by_ddplabs():
     """ddplab.course.nbgrader_release names nbgrader's generate_assignment steps by path (ddplab
     never imports nbgrader); they must be this nbgrader's own, ClearOutput swapped for ours.
