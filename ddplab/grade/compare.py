@@ -82,11 +82,11 @@ def digest(outputs: list, patterns, values: bool = True) -> str:
     It sums each output's kind (its type and stream name or MIME types, so a
     picture counts though its pixels are never compared) and, as
     ``comparable`` gives them, its sanitized values. ``values=False`` is for a
-    cell nbval does not compare (``values_compared``): its digits are left out,
-    since a timing or a bandwidth differs run to run while what is printed
-    around it does not. ``ddplab release`` keeps a cell's outputs in the student
-    copy only where a run of that copy gave the same digest
-    (``ddplab.course.release``).
+    cell nbval does not compare (``values_compared``): its numbers are left
+    out, and the spaces that pad them into columns, since a timing or a
+    bandwidth differs run to run while what is printed around it does not.
+    ``ddplab release`` keeps a cell's outputs in the student copy only where a
+    run of that copy gave the same digest (``ddplab.course.release``).
     """
     from nbval.plugin import coalesce_streams
     kinds = []
@@ -99,10 +99,15 @@ def digest(outputs: list, patterns, values: bool = True) -> str:
             kinds.append([out.output_type, *sorted(out.get("data", {}))])
     flat = comparable(outputs, patterns)
     if not values:
-        flat = {key: [re.sub(r"\d+", "0", v) if isinstance(v, str) else v for v in found]
+        flat = {key: [_without_numbers(v) if isinstance(v, str) else v for v in found]
                 for key, found in flat.items()}
     text = json.dumps([kinds, flat], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _without_numbers(text: str) -> str:
+    """``text`` with each number (``104,488``, ``9.38``, ``1e-12``) a ``0`` and each run of spaces one."""
+    return re.sub(r"[ \t]+", " ", re.sub(r"[-+]?\d[\d,.]*(?:[eE][-+]?\d+)?", "0", text))
 
 
 def difference(expected: list, got: list, patterns) -> str:
