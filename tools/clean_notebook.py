@@ -23,6 +23,7 @@ notebook, several notebooks side by side.
 
     python tools/clean_notebook.py notebooks/*.ipynb
     python tools/clean_notebook.py --stub-run notebooks/12_build_ddp_zero_fsdp.ipynb
+    python tools/clean_notebook.py --stub-run --runs 3 notebooks/09_debugging.ipynb   # a flaky demo
 """
 
 import argparse
@@ -71,8 +72,12 @@ def clean(path: str) -> None:
     nbformat.write(nb, path)
 
 
-def stub_run(paths: list[str], jobs: int = 2) -> None:
+def stub_run(paths: list[str], jobs: int = 2, runs: int = 1) -> None:
     """Grade each notebook's student version against it; record which outputs the copy keeps.
+
+    With ``runs`` > 1 the student version runs that many times (as that many students,
+    side by side), and a cell is kept only where every run printed the reference's outputs:
+    a demo that a student's run prints only sometimes is cleared.
 
     A stub must fail fast (raise): were an exercise lost to a hang, a timeout or a dead
     kernel, ``ddplab grade`` would go on from the reference solution, not from what a
@@ -81,30 +86,34 @@ def stub_run(paths: list[str], jobs: int = 2) -> None:
     from ddplab.course.release import record_stub_run, release_notebook
     from ddplab.grade.class_run import grade
 
+    by_name = {path.name: path for path in map(Path, paths)}
+    graded = []
     with tempfile.TemporaryDirectory(prefix="stub-run-") as tmp:
-        by_name = {}
-        for path in map(Path, paths):
-            by_name[path.name] = path
-            student = Path(tmp) / path.parent.name / "stub"
-            student.mkdir(parents=True, exist_ok=True)
-            released = release_notebook(nbformat.read(path, as_version=4), path.name)
-            nbformat.write(released, student / path.name)
-        graded = []
         for folder in sorted({p.parent for p in by_name.values()}):
-            mine = [Path(tmp) / folder.name / "stub" / p.name for p in by_name.values()
-                    if p.parent == folder]
+            mine = []
+            for path in (p for p in by_name.values() if p.parent == folder):
+                released = release_notebook(nbformat.read(path, as_version=4), path.name)
+                for run in range(runs):
+                    student = Path(tmp) / folder.name / f"stub{run}"
+                    student.mkdir(parents=True, exist_ok=True)
+                    nbformat.write(released, student / path.name)
+                    mine.append(student / path.name)
             graded += grade(mine, folder, jobs=jobs, cell_timeout=STUB_CELL_TIMEOUT)
-    for result in graded:
-        path = by_name[Path(result.path).name]
-        broke = [f"{m.exercise}: {m.reason}" for m in result.marks if _broke_the_lab(m.reason)]
-        broke += [f for f in result.cells_failed if _broke_the_lab(f)]
-        if result.error or broke:
-            why = result.error or ("broke its lab, so ddplab grade went on from the reference "
-                                   "solution: " + "; ".join(broke)[:400])
+    for name, path in by_name.items():
+        results = [r for r in graded if Path(r.path).name == name]
+        broke = [f"{m.exercise}: {m.reason}" for r in results for m in r.marks if _broke_the_lab(m.reason)]
+        broke += [f for r in results for f in r.cells_failed if _broke_the_lab(f)]
+        error = next((r.error for r in results if r.error), "")
+        if error or broke:
+            why = error or ("broke its lab, so ddplab grade went on from the reference "
+                            "solution: " + "; ".join(broke)[:400])
             print(f"{path}: not recorded: the stub run {why}")
             continue
+        first, *others = [r.cell_digests for r in results]
+        agreed = {cell: digest for cell, digest in first.items()
+                  if all(other.get(cell) == digest for other in others)}
         nb = nbformat.read(path, as_version=4)
-        verdicts = record_stub_run(nb, result.cell_digests)
+        verdicts = record_stub_run(nb, agreed)
         nbformat.write(nb, path)
         print(f"{path}: the student version keeps the outputs of {len(verdicts['kept'])} cells, "
               f"clears {len(verdicts['cleared'])}: {', '.join(verdicts['cleared']) or 'none'}")
@@ -123,8 +132,10 @@ if __name__ == "__main__":
     parser.add_argument("--stub-run", action="store_true",
                         help="also run each student version and record which outputs it keeps")
     parser.add_argument("--jobs", type=int, default=2, help="notebooks run at once (--stub-run)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="runs of each student version; a cell is kept only if all agree")
     args = parser.parse_args()
     for path in args.notebooks:
         clean(path)
     if args.stub_run:
-        stub_run(args.notebooks, args.jobs)
+        stub_run(args.notebooks, args.jobs, args.runs)
