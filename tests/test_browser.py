@@ -13,7 +13,8 @@ to answer every cell, and then checks the page itself:
 - no cell shows an error, except a cell tagged ``raises-exception`` (the
   deadlock demo), which must show the error the committed notebook shows.
 
-It saves screenshots under the test's tmp_path and prints their paths.
+It saves screenshots under the test's tmp_path and prints their paths. A student copy opened
+and not run shows no check result (no ``Correct``), only the outputs its own run would print.
 
 The learner's loop (issue 53) is walked too: a wrong answer and its check, where the page must
 show the check's feedback as one block (its headline, no ``Traceback``, none of ddplab's frames),
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -266,6 +268,48 @@ def test_notebook_00_runs_in_notebook7_in_chromium(chromium, jupyter_lab, tmp_pa
     """Jupyter Notebook 7 (``/notebooks/<path>``, Run > Run All Cells): the same promises."""
     walk(chromium, jupyter_lab, PAGES["notebook7"], NOTEBOOK7, tmp_path, record_property, capsys,
          name="notebook7")
+
+
+# A student copy as it opens, before any cell ran: notebook 12 is untouched in the workspace.
+FRESH_NOTEBOOK = "12_build_ddp_zero_fsdp.ipynb"
+# What the open notebook shows: the model's outputs and the text drawn, per code cell.
+SHOWN_JS = """name => {
+  const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === name);
+  return panel.content.widgets.filter(cell => cell.model.type === 'code').map(cell => ({
+    id: cell.model.id, count: cell.model.executionCount,
+    outputs: JSON.stringify(cell.model.outputs.toJSON()),
+    drawn: (cell.node.querySelector('.jp-Cell-outputArea') || {textContent: ''}).textContent,
+  }));
+}"""
+
+
+@pytest.mark.timeout(OPEN_DEADLINE + 2 * SERVER_DEADLINE)
+def test_a_student_copy_shows_no_check_result_before_it_runs(chromium, jupyter_lab):
+    """Issue 53: the workspace's copy of a notebook, opened and not run, shows no `Correct` and
+    nothing computed from a solution (12's `your Zero1Adam` bytes), while its demos' outputs
+    that a stub run prints too are there."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS,
+                                             headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(OPEN_DEADLINE * 1000)
+            page.goto(f"{jupyter_lab.url}/{PAGES['jupyterlab']}/{FRESH_NOTEBOOK}?token={jupyter_lab.token}")
+            page.wait_for_function(KERNEL_IDLE_JS, arg=FRESH_NOTEBOOK, timeout=OPEN_DEADLINE * 1000)
+            cells = page.evaluate(SHOWN_JS, FRESH_NOTEBOOK)
+            shown = page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea'))"
+                                  ".map(n => n.textContent).join('\\n')")
+        finally:
+            browser.close()
+    assert "Correct" not in shown and not re.search(r"your Zero1Adam [\d,]+ B", shown), shown[-2000:]
+    graded = [c for c in cells if c["id"].startswith(("exercise-", "check-"))]
+    assert graded and all(c["outputs"] == "[]" and c["count"] is None for c in graded), graded
+    for cell in cells:
+        assert "Correct" not in cell["outputs"] + cell["drawn"], cell["id"]
+    drawn = [c["id"] for c in cells if c["drawn"].strip()]
+    assert "cell-03" in drawn, f"the demo before the first exercise lost its output: {drawn}"
 
 
 LIVE_NOTEBOOK = "live_output.ipynb"

@@ -1,6 +1,6 @@
 """`ddplab grade` on real notebooks, real kernels, real labs.
 
-The reference is notebook 01 (five exercises). Each submission breaks some
+The reference is notebook 01 (seven exercises). Each submission breaks some
 exercises, each in one way, and must lose exactly those. The breakages that
 need the grader to recover (deadlocks, an infinite loop, a kernel crash) sit
 in their own submissions, with untouched exercises after them, so a spill

@@ -150,8 +150,8 @@ def notebooks(args) -> int:
     from ddplab.errors import CourseError
 
     try:
-        written, kept = copy_notebooks(args.dest, reference=args.reference)
-    except (CourseError, OSError) as e:
+        written, kept, refused = copy_notebooks(args.dest, reference=args.reference)
+    except CourseError as e:
         print(e, file=sys.stderr)
         return 2
     kind = "reference" if args.reference else "student"
@@ -159,7 +159,9 @@ def notebooks(args) -> int:
         print(f"copied {path} ({kind} version)")
     for path in kept:
         print(f"kept   {path} (already there: never overwritten)")
-    return 0
+    for line in refused:
+        print(f"ddplab notebooks: not copied: {line}", file=sys.stderr)
+    return 1 if refused else 0
 
 
 def remove_solutions() -> int:

@@ -11,6 +11,8 @@ recorded into one ``Mark`` per exercise.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -63,6 +65,49 @@ def comparable(outputs: list, patterns) -> dict[str, list]:
             elif key not in SKIP_COMPARE:
                 flat[key].append(sanitize(value, patterns))
     return dict(flat)
+
+
+def values_compared(cell) -> bool:
+    """Whether nbval compares this code cell's outputs (not marked ``# NBVAL_IGNORE_OUTPUT`` or
+    tagged ``nbval-ignore-output``; a comment wins over a tag, as in nbval)."""
+    from nbval.plugin import find_comment_markers, find_metadata_tags
+    options = dict(find_metadata_tags(cell.get("metadata", {})))
+    options.update(find_comment_markers(cell.get("source", "")))
+    return options.get("check", True)
+
+
+def digest(outputs: list, patterns, values: bool = True) -> str:
+    """A short fingerprint of ``outputs``: equal for two runs whose outputs nbval calls the same.
+
+    It sums each output's kind (its type and stream name or MIME types, so a
+    picture counts though its pixels are never compared) and, as
+    ``comparable`` gives them, its sanitized values. ``values=False`` is for a
+    cell nbval does not compare (``values_compared``): its numbers are left
+    out, and the spaces that pad them into columns, since a timing or a
+    bandwidth differs run to run while what is printed around it does not.
+    ``ddplab release`` keeps a cell's outputs in the student copy only where a
+    run of that copy gave the same digest (``ddplab.course.release``).
+    """
+    from nbval.plugin import coalesce_streams
+    kinds = []
+    for out in coalesce_streams([nbformat.from_dict(copy.deepcopy(o)) for o in outputs]):
+        if out.output_type == "stream":
+            if sanitize(out.text, patterns).strip():
+                kinds.append(["stream", out.name])
+        elif out.output_type == "error" or out.get("data"):
+            # a live output area ends empty (ddplab.lab.live): nothing shown, nothing compared
+            kinds.append([out.output_type, *sorted(out.get("data", {}))])
+    flat = comparable(outputs, patterns)
+    if not values:
+        flat = {key: [_without_numbers(v) if isinstance(v, str) else v for v in found]
+                for key, found in flat.items()}
+    text = json.dumps([kinds, flat], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _without_numbers(text: str) -> str:
+    """``text`` with each number (``104,488``, ``9.38``, ``1e-12``) a ``0`` and each run of spaces one."""
+    return re.sub(r"[ \t]+", " ", re.sub(r"[-+]?\d[\d,.]*(?:[eE][-+]?\d+)?", "0", text))
 
 
 def difference(expected: list, got: list, patterns) -> str:
