@@ -47,10 +47,12 @@ __all__ = ["CourseError", "copy_notebooks", "reference_dir", "reference_notebook
 def copy_notebooks(dest: str | Path, reference: bool = False) -> tuple[list[Path], list[Path]]:
     """Write the student (or reference) versions into ``dest``; return (written, kept).
 
-    A notebook already in ``dest`` is kept as it is, never overwritten.
+    A notebook already in ``dest`` is kept as it is, never overwritten. Beside the
+    student versions go the student's JupyterLab settings (``lab_settings``).
     """
     import nbformat
 
+    from .lab_settings import write_lab_settings
     from .release import release_notebook
 
     if reference:
@@ -68,6 +70,8 @@ def copy_notebooks(dest: str | Path, reference: bool = False) -> tuple[list[Path
         else:
             nbformat.write(release_notebook(nbformat.read(source, as_version=4), source.name), target)
             written.append(target)
+    if not reference:
+        write_lab_settings(dest)
     return written, kept
 
 
