@@ -163,3 +163,36 @@ def test_the_python_versions_claimed_are_those_tested():
     assert project["requires-python"] == ">=3.11"
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     assert "python>=3.11" in env["dependencies"]
+
+
+# Every notebook's set-up cell opens with this: Colab, Kaggle or a JupyterHub has no ddplab
+# until %pip installs it (tests/test_wheel.py runs it there, from the wheel); with ddplab
+# present it prints nothing, so the stored output stays what nbval compares.
+SETUP_GUARD = '''# NBVAL_IGNORE_OUTPUT
+try:
+    import ddplab
+except ModuleNotFoundError:  # Colab, Kaggle, a JupyterHub: %pip installs it into this kernel,
+    # from the package index or from a ddplab wheel put beside this notebook
+    from IPython.utils.capture import capture_output
+    with capture_output() as pip_log:
+        %pip install --find-links . ddplab
+    if "Successfully installed" not in pip_log.stdout:
+        pip_log.show()  # pip's own words: why it could not
+    import ddplab
+    print(f"ddplab was not installed here: installed ddplab {ddplab.__version__} with %pip.")
+
+'''
+
+
+def test_every_notebooks_setup_cell_installs_ddplab_where_it_is_missing():
+    import nbformat
+    wrong = []
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        if not code[0].source.startswith(SETUP_GUARD):
+            wrong.append(f"{path.name}: its first code cell does not open with the %pip guard")
+        elif "ddplab.start(" not in code[0].source:
+            wrong.append(f"{path.name}: its set-up cell starts no lab")
+        elif any("%pip" in c.source for c in code[1:]):
+            wrong.append(f"{path.name}: a second %pip cell")
+    assert not wrong, "\n".join(wrong)
