@@ -3,12 +3,12 @@
 The wheel is built from this checkout once for the module and installed into a fresh
 virtual environment (no system site-packages, nothing borrowed from the project's .venv)
 with only ``pip install ddplab-<version>.whl``: no clone, no make. pip fetches the
-dependencies from this machine's package index as usual and reuses its cache (on CI,
-``make test``'s own install filled it minutes before). ``PIP_CONSTRAINT=constraints.txt``
-picks the versions the course is tested with: without it pip takes the newest torch, which
-on PyPI is the CUDA build and its GBs of nvidia wheels (Colab and Kaggle have a torch
-already, which pip keeps). Every command runs from a folder outside the checkout, with
-PYTHONPATH cleared. The tests run in this order:
+dependencies from this machine's package index as usual and reuses its cache (which
+``make test``'s own install fills; on the development machine the index is a local
+mirror). ``PIP_CONSTRAINT=constraints.txt`` picks the versions the course is tested with:
+without it pip takes the newest torch, which on PyPI is the CUDA build and its GBs of
+nvidia wheels (Colab and Kaggle have a torch already, which pip keeps). Every command runs
+from a folder outside the checkout, with PYTHONPATH cleared. The tests run in this order:
 
 1. the environment holds the wheel's ddplab and a student's profile: none of the
    instructor's or the tests' tools;
