@@ -119,10 +119,13 @@ def test_the_student_profile_leaves_the_instructor_and_test_tools_to_the_extras(
 
 
 def _make_n(venv: Path, target: str) -> str:
-    """What ``make target`` would run with .venv at ``venv`` (-n: printed, not run)."""
+    """What ``make target`` would run with .venv at ``venv`` (-n: printed, not run). Run from
+    ``make test`` too: the outer make's flags stay out, and so do its directory lines."""
+    import os
     import subprocess
-    done = subprocess.run(["make", "-n", f"VENV={venv}", target], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    done = subprocess.run(["make", "-n", "--no-print-directory", f"VENV={venv}", target], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
