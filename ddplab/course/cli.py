@@ -130,9 +130,11 @@ def autograder(args) -> int:
     from ddplab.course.autograder import build
     from ddplab.errors import CourseError, GradeError
     from ddplab.grade.class_run import DEFAULT_CELL_TIMEOUT
+    from ddplab.grade.compare import require_nbval
     from ddplab.grade.journal import positive
 
     try:
+        require_nbval("autograder")
         timeout = positive("--cell-timeout", args.cell_timeout, DEFAULT_CELL_TIMEOUT,
                            f"the default, {DEFAULT_CELL_TIMEOUT:g} s")
         path = build(args.notebooks, args.output, cell_timeout=timeout)
@@ -219,8 +221,14 @@ def grade(args) -> int:
     """Grade, print the table, write CSV/JUnit; exit 0 if every exercise passed, else 1."""
     from ddplab.grade import gradebook, report, unprivileged
     from ddplab.grade.class_run import DEFAULT_CELL_TIMEOUT, GradeError, grade as run
+    from ddplab.grade.compare import require_nbval
     from ddplab.grade.journal import journal_for, positive, writable, write_atomically
 
+    try:
+        require_nbval("grade")
+    except GradeError as e:
+        print(e, file=sys.stderr)
+        return 2
     finished, lock = [], threading.Lock()
 
     def progress(g) -> None:

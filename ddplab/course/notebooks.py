@@ -54,10 +54,12 @@ def copy_notebooks(dest: str | Path, reference: bool = False) -> tuple[list[Path
     A notebook already in ``dest`` is kept as it is, never overwritten. ``refused``
     says, one line each, which entries were in the way and how to clear them; the
     other notebooks are written all the same. CourseError if ``dest`` cannot be a
-    folder.
+    folder. Beside the student versions go the student's JupyterLab settings
+    (``lab_settings``).
     """
     import nbformat
 
+    from .lab_settings import write_lab_settings
     from .release import release_notebook
 
     if reference:
@@ -88,6 +90,8 @@ def copy_notebooks(dest: str | Path, reference: bool = False) -> tuple[list[Path
             except OSError as e:
                 refused.append(f"{target} could not be written ({e.strerror}). Free space or fix "
                                f"the folder's permissions, then run this again.")
+    if not reference:
+        write_lab_settings(dest)
     return written, kept, refused
 
 

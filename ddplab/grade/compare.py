@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.util
 import json
 import re
 from collections import defaultdict
@@ -20,12 +21,24 @@ from importlib import resources
 
 import nbformat
 
+from ..errors import GradeError
 from .plan import Exercise, Step, describe
 
 # Output fields that never match run to run; nbval skips the same ones
 # (plus images, which it compares only with nbdime).
 SKIP_COMPARE = {"metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
                 "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg"}
+
+
+def require_nbval(command: str) -> None:
+    """Refuse ``command`` now, with the fix, where nbval is missing: a student's install has
+    none (``pip install ddplab``: nbval brings pytest), the ``grade`` and ``instructor``
+    extras have it. Grading without it would fail at the first comparison."""
+    if importlib.util.find_spec("nbval") is None:
+        raise GradeError(f"ddplab {command}: grading compares outputs with nbval, which this "
+                         f"installation lacks (a student's install leaves the instructor tools "
+                         f"out). Install them: pip install 'ddplab[grade]' (or 'ddplab[instructor]'; "
+                         f"in a checkout, make lab-reference).")
 
 
 def sanitize_patterns() -> list[tuple[str, str]]:
