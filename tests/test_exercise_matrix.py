@@ -97,4 +97,4 @@ def test_the_command_runs_without_pytest_and_prints_the_table():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "exercise_matrix.py"), "--allow-incomplete",
                              "--notebook", "02_"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "global_mean (check-global_mean)" in result.stdout
+    assert "global_mean (check-global-mean)" in result.stdout

@@ -155,7 +155,7 @@ def test_each_make_target_installs_its_profile_and_the_stamps_tell_them_apart(tm
 def test_make_lab_serves_the_workspace_with_the_settings_ddplab_notebooks_writes(tmp_path):
     from ddplab.course.lab_settings import CONFIG_FOLDER
     commands = _make_n(tmp_path / "venv", "lab").splitlines()
-    assert commands[-2].endswith("ddplab notebooks workspace"), commands
+    assert "ddplab notebooks workspace || test $? -eq 1" in commands[-2], commands   # exit 1: partly copied
     assert commands[-1].startswith(f'JUPYTER_CONFIG_PATH="{ROOT}/workspace/{CONFIG_FOLDER}"'), commands
     assert "jupyter lab --notebook-dir=workspace" in commands[-1]
 
