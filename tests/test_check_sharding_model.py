@@ -166,7 +166,7 @@ def test_column_parallel_reports_a_deadlock(fresh_lab, monkeypatch):
     with pytest.raises(AssertionError) as info:
         sharding_model.column_parallel(fn)
     assert "deadlock" in str(info.value) and "lab.restart()" in str(info.value)
-    assert "did not finish within 10 s" in str(info.value)
+    assert "did not finish: the ranks are waiting for each other" in str(info.value)
     fresh_lab.restart()
 
 
