@@ -97,7 +97,7 @@ def _magic_line(notebook: str, cell_id: str) -> str:
      "    dist.all_reduce(totals)\n",
      "ddplab: rank 0 waits in collective #1 (all_reduce) on the default group, which rank 1 never "
      "reached", "fresh_lab"),
-    ("02b_collectives_gather_scatter.ipynb", "exercise-parity_sum",     # "once": read as one rank
+    ("02b_collectives_gather_scatter.ipynb", "exercise-parity-sum",     # "once": read as one rank
      "if rank == 0:\n"
      "    even_ranks = dist.new_group(list(range(0, world_size, 2)))\n"
      "    odd_ranks = dist.new_group(list(range(1, world_size, 2)))\n",

@@ -227,7 +227,8 @@ def test_notebooks_import_only_the_public_api(check_layout, tmp_path):
             "def f():\n    from ddplab.rank.output import hide_fd_output\n    return 1",
             "%%rank 0\nfrom ddplab.launch import job\nimport ddplab.check.p2p"),
     })
-    found = check_layout.problems(root)
+    # This tree's check/ is not cut by notebook (rule 10 says so); only the imports are read here.
+    found = [p for p in check_layout.problems(root) if p.startswith("notebooks/")]
     words = ("which is not ddplab's public API (ddplab, a teaching module that ddplab/__init__.py's "
              "docstring lists, or ddplab.check): import it from a teaching module, or move what it "
              "needs into one")
@@ -248,3 +249,29 @@ def test_a_module_is_teaching_or_infrastructure_never_both(check_layout, tmp_pat
 
 def test_the_notebooks_known_deeper_imports_each_have_a_reason(check_layout):
     assert all(reason for reason in check_layout.NOTEBOOK_IMPORTS.values())
+
+
+def test_the_checkers_are_cut_by_notebook(check_layout, tmp_path):
+    root = _tree(tmp_path, {
+        "ddplab/__init__.py": "",
+        "ddplab/check/__init__.py": 'NOTEBOOKS = ("nb00_setup",)\n',
+        "ddplab/check/_core.py": "",                               # shared, private: fine
+        "ddplab/check/nb00_setup.py": "",
+        "ddplab/check/collectives.py": "",                         # no notebook in its name
+        "notebooks/00_setup.ipynb": "{}",
+        "notebooks/01_point_to_point.ipynb": "{}",                 # no checkers of its own
+    })
+    found = check_layout.checker_problems(root)
+    assert any("ddplab/check/collectives: a public checker module not named for a notebook" in p
+               for p in found), found
+    assert any("no checker module for notebooks/01_point_to_point.ipynb" in p for p in found), found
+    assert any("NOTEBOOKS must list every notebook's checker module, in course order: nb00_setup, "
+               "nb01_point_to_point; it lists nb00_setup" in p for p in found), found
+    assert not any("_core" in p for p in found), found
+    (root / "ddplab/check/collectives.py").unlink()
+    (root / "ddplab/check/nb01_point_to_point").mkdir()
+    (root / "ddplab/check/nb01_point_to_point/__init__.py").write_text("")   # a package is fine
+    (root / "ddplab/check/__init__.py").write_text(
+        'NOTEBOOKS = ("nb00_setup", "nb01_point_to_point")\n')
+    assert check_layout.checker_problems(root) == []
+

@@ -577,6 +577,7 @@ def no_group_of_its_own(rank, world_size):
     return float(rank + 1)                    # no group, no all_reduce: each rank's own value
 
 
+@pytest.mark.exercise("own_group_demo", "mistake", "no group of its own")
 def test_own_group_demo_checker(fresh_lab, capsys):
     import ddplab
     ddplab.check.own_group_demo(all_reduce_demo, fresh_lab)

@@ -261,7 +261,7 @@ def save_sharded(path, model, optimizer, epoch):
 def test_the_checkpoint_check_of_a_save_on_rank_0_only_fails_well_within_its_timeout(fresh_lab):
     # Last round's case: 121.7 s, the check's whole timeout. Rank 0 waits in dcp.save's gather,
     # rank 1 in the check's barrier after the student's function: collectives that disagree.
-    from ddplab.check import checkpoints
+    from ddplab.check.nb10_checkpoints_and_failures import sharded_checkpoints as checkpoints
 
     fresh_lab.run_cell(SAVE_ON_RANK_0)
     begin = time.monotonic()

@@ -299,7 +299,7 @@ def _call(where_line: str) -> str:
     return "" if call.startswith("<") else call
 
 
-#: What a rank stuck in DDP's constructor is told (``check.training`` says the same of a check).
+#: What a rank stuck in DDP's constructor is told (``check.nb05_ddp_training`` says the same of a check).
 DDP_IS_A_COLLECTIVE = (
     "DDP(model) is itself a collective: the constructor checks that every rank's parameters "
     "have the same shapes and broadcasts rank 0's weights to all, so it returns only once every "

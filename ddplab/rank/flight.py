@@ -76,6 +76,17 @@ def mark() -> int:
     return max((int(e.get("record_id", -1)) for e in _entries()), default=-1)
 
 
+def entries_after(record: int) -> list[dict] | None:
+    """The recorder's own entries (dicts as torch dumps them: ``profiling_name``,
+    ``time_created_ns``, ``thread_id``, ``process_group``, sizes, ...) made after ``mark()``
+    gave ``record``; None when some of them are gone (more than ``BUFFER_SIZE`` came since).
+    ``ddplab.check._observe.wire`` checks its record of a check against them."""
+    newer = [e for e in _entries() if int(e.get("record_id", -1)) > record]
+    if newer and record >= 0 and min(int(e["record_id"]) for e in newer) > record + 1:
+        return None
+    return newer
+
+
 def since(record: int) -> list[tuple[int, str]] | None:
     """The collectives (not sends or receives) this rank issued after ``mark()`` gave ``record``:
     (their number on their group, torch's op name, e.g. ``all_reduce``). The recorder sits in

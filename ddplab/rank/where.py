@@ -103,7 +103,7 @@ def _classify(filename: str) -> int:
     if _DISTRIBUTED in filename:
         return _TORCH_DIST
     if filename.startswith(_TYPED_IN):
-        return _USER
+        return _USER                    # <stdin>, or a terminal IPython's (or its test shell's) cell
     if filename.startswith("<") or any(mark in filename for mark in _LIBRARY_MARKS):
         return _LIBRARY
     if filename.startswith(_PACKAGE + os.sep):
