@@ -213,7 +213,7 @@ def check(source: str, found: dict, timeout: float,
                     namespace[name] = load_name(name, value)
             tracing.set_last(load_trace(found["trace"]))
             if found["where"]:
-                lab = attached.attach(found["where"], timeout)
+                lab = attached.lab_at(found["where"], timeout)
             namespace["lab"] = lab
             current_lab.make_current(lab)      # what ddplab.check.x() finds when given no lab
             exec(compile(source, "<check cell>", "exec"), namespace)
