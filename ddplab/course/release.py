@@ -31,7 +31,7 @@ from pathlib import Path
 import nbformat
 
 from ..errors import ReleaseError
-from ..grade.plan import notebooks_in
+from ..grade.cells import notebooks_in
 from ..hints import BEGIN, END
 
 STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")

@@ -4,7 +4,7 @@ An exercise passes when its exercise cell ran without error and its check
 cell ran without error and printed what the reference printed, compared the
 way nbval compares: nbval's own stream coalescing and sanitize-file parser,
 ``nbval_sanitize.cfg`` (beside this module) applied to both sides, the fields
-nbval skips skipped. ``score`` turns the ``Step``s that ``ddplab.grade.run``
+nbval skips skipped. ``score`` turns the ``CellRun``s that ``ddplab.grade.run``
 recorded into one ``Mark`` per exercise.
 """
 
@@ -18,7 +18,7 @@ from importlib import resources
 
 import nbformat
 
-from .plan import Exercise, Step, describe
+from .cells import CellRun, Exercise, describe
 
 # Output fields that never match run to run; nbval skips the same ones
 # (plus images, which it compares only with nbdime).
@@ -95,7 +95,7 @@ class Mark:
     seconds: float = 0.0
 
 
-def score(steps: list[Step], found: list[Exercise], problems: dict[str, str],
+def score(steps: list[CellRun], found: list[Exercise], problems: dict[str, str],
           patterns) -> list[Mark]:
     """Per exercise: passed, or the first reason it did not."""
     marks = []
@@ -121,7 +121,7 @@ def score(steps: list[Step], found: list[Exercise], problems: dict[str, str],
     return marks
 
 
-def _broken_before(steps: list[Step], check: Step) -> Step | None:
+def _broken_before(steps: list[CellRun], check: CellRun) -> CellRun | None:
     """The first cell that is not an exercise or check and broke the kernel before ``check``."""
     for step in steps[:steps.index(check)]:
         if step.role == "other" and step.status in ("timeout", "died"):

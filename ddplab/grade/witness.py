@@ -53,10 +53,9 @@ import pickle
 import sys
 from typing import Any
 
-from .unpickle import Refused, SafePickle, SafeUnpickler, load_name, load_trace, safe_loads
+from .unpickle import SafePickle, load_name, load_trace, safe_loads
 
-__all__ = ["GRADER_NAMES", "Refused", "SafePickle", "SafeUnpickler", "answer", "ask", "asked",
-           "check", "prepare", "witnessable"]
+__all__ = ["GRADER_NAMES", "answer", "ask", "asked", "check", "prepare", "witnessable"]
 
 #: Names a check cell uses that are the grader's own, never asked of the kernel.
 GRADER_NAMES = frozenset({"ddplab", "lab"})
