@@ -185,10 +185,14 @@ def listening_addresses(pid: int) -> list[tuple[str, int]]:
 
 
 def fails(checker, *needles: str) -> str:
-    """Run a checker that must reject the answer; return its message after checking key words."""
-    with pytest.raises(AssertionError) as info:
+    """Run a checker that must reject the answer; return its message after checking key words.
+
+    Every rejection is the one kind of feedback (``ddplab.check.Feedback``), whose text has no
+    Python traceback in it: the student's own frames at most, never a stack of ddplab's."""
+    with pytest.raises(ddplab.check.Feedback) as info:
         checker()
     message = str(info.value)
+    assert "Traceback (most recent call last)" not in message, message
     for needle in needles:
         assert needle in message, message
     return message

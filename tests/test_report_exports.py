@@ -19,7 +19,9 @@ from ddplab.grade.compare import Mark
 CLASS = [
     Grade("alice", "01_p2p", "a.ipynb", marks=[Mark("ping", True, ""), Mark("swap", True, "")]),
     Grade("bob", "01_p2p", "b.ipynb",
-          marks=[Mark("ping", True, ""), Mark("swap", False, "check: swap is wrong on rank 1")]),
+          marks=[Mark("ping", True, "", output="Correct: ping pong."),
+                 Mark("swap", False, "check: swap is wrong on rank 1.\n  rank 1: got 2   <-- wrong\n"
+                                     "Hint: swap them.")]),
     Grade("bob", "02_coll", "c.ipynb", error="not graded: not valid JSON"),
 ]
 
@@ -29,7 +31,10 @@ def test_gradescope_has_a_test_per_exercise_with_the_reason_the_student_may_see(
     assert results["score"] == 1 and results["stdout_visibility"] == "hidden"
     assert [(t["name"], t["score"], t["max_score"]) for t in results["tests"]] == [
         ("01_p2p: ping", 1, 1), ("01_p2p: swap", 0, 1), ("02_coll: not graded", 0, 1)]
-    assert results["tests"][1]["output"] == "check: swap is wrong on rank 1"
+    # what the student saw in the notebook: the check's whole feedback, and a pass's own line
+    assert results["tests"][1]["output"] == ("check: swap is wrong on rank 1.\n  rank 1: got 2   <-- wrong\n"
+                                             "Hint: swap them.")
+    assert results["tests"][0]["output"] == "Correct: ping pong."
     assert results["tests"][2]["output"] == "not graded: not valid JSON"
 
 

@@ -130,9 +130,11 @@ def autograder(args) -> int:
     from ddplab.course.autograder import build
     from ddplab.errors import CourseError, GradeError
     from ddplab.grade.class_run import DEFAULT_CELL_TIMEOUT
+    from ddplab.grade.compare import require_nbval
     from ddplab.grade.journal import positive
 
     try:
+        require_nbval("autograder")
         timeout = positive("--cell-timeout", args.cell_timeout, DEFAULT_CELL_TIMEOUT,
                            f"the default, {DEFAULT_CELL_TIMEOUT:g} s")
         path = build(args.notebooks, args.output, cell_timeout=timeout)
@@ -150,8 +152,8 @@ def notebooks(args) -> int:
     from ddplab.errors import CourseError
 
     try:
-        written, kept = copy_notebooks(args.dest, reference=args.reference)
-    except (CourseError, OSError) as e:
+        written, kept, refused = copy_notebooks(args.dest, reference=args.reference)
+    except CourseError as e:
         print(e, file=sys.stderr)
         return 2
     kind = "reference" if args.reference else "student"
@@ -159,7 +161,9 @@ def notebooks(args) -> int:
         print(f"copied {path} ({kind} version)")
     for path in kept:
         print(f"kept   {path} (already there: never overwritten)")
-    return 0
+    for line in refused:
+        print(f"ddplab notebooks: not copied: {line}", file=sys.stderr)
+    return 1 if refused else 0
 
 
 def remove_solutions() -> int:
@@ -217,8 +221,14 @@ def grade(args) -> int:
     """Grade, print the table, write CSV/JUnit; exit 0 if every exercise passed, else 1."""
     from ddplab.grade import gradebook, report, unprivileged
     from ddplab.grade.class_run import DEFAULT_CELL_TIMEOUT, GradeError, choose_isolation, grade as run
+    from ddplab.grade.compare import require_nbval
     from ddplab.grade.journal import journal_for, positive, writable, write_atomically
 
+    try:
+        require_nbval("grade")
+    except GradeError as e:
+        print(e, file=sys.stderr)
+        return 2
     finished, lock = [], threading.Lock()
 
     def progress(g) -> None:

@@ -73,7 +73,7 @@ from pathlib import Path
 from .. import limits, procs
 from . import sandbox, witness
 from .cells import CellRun, GradeError, check_reference, describe, load_submission, notebooks_in, plan
-from .compare import Mark, sanitize_patterns, score
+from .compare import Mark, digest, sanitize_patterns, score, values_compared
 from .handin import handed_in, read_text
 from .isolation import Isolation, Plain, killed_reason
 from .journal import Journal, key, write_atomically
@@ -102,6 +102,10 @@ class Grade:
     section: str = ""
     #: The student's other copies of this notebook, not graded, each with why ("<path> (an older copy)").
     copies: list[str] = field(default_factory=list)
+    #: Cell id -> ``compare.digest`` of the outputs that cell gave in this run. The suite
+    #: compares them with what a released copy keeps (tests/test_nbgrader.py): a student copy
+    #: holds only outputs that a run of it (every solution a stub) gives.
+    cell_digests: dict[str, str] = field(default_factory=dict)
 
     @property
     def score(self) -> int:
@@ -369,11 +373,15 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float, env: di
         for step, record in zip(steps, json.loads(out.read_text())):
             step.status, step.error, step.outputs = record["status"], record["error"], record["outputs"]
             step.seconds = record.get("seconds", 0.0)
-    marks = score(steps, found, problems, sanitize_patterns())
+    patterns = sanitize_patterns()
+    marks = score(steps, found, problems, patterns)
     failed = [f"{describe(step)}: {step.status}: {step.error}" for step in steps
               if step.role == "other" and step.status != "ok"]
+    cells = {cell.get("id"): cell for cell in submission.cells if cell.get("id")}
+    digests = {step.cell_id: digest(step.outputs, patterns, values_compared(cells[step.cell_id]))
+               for step in steps if step.cell_id in cells}
     return Grade(student, ref.stem, str(path), marks=marks, seconds=time.monotonic() - begin,
-                 cells_failed=failed)
+                 cells_failed=failed, cell_digests=digests)
 
 
 def _worker(argv: list[str]) -> int:

@@ -5,13 +5,21 @@ All take the list of ``ddplab.grade.class_run.Grade`` that ``grade()`` returns:
 one per student and notebook (a student's other copies of a notebook are listed
 with it, never rows of their own). A student in a section is shown as
 ``section/student``. The table shows one row per submission, ``pass``/``FAIL``
-per exercise and the total, then one line per lost exercise saying why::
+per exercise and the total, then each lost exercise with why: a check's feedback
+whole, as the student saw it in the notebook (headline, table, hint), indented
+under its first line::
 
     student  notebook        total  total_ex  ring
     alice    01_p2p          2/2    pass      pass
     bob      01_p2p          1/2    pass      FAIL
 
-    bob      ring: check: AssertionError: ring is wrong on rank 1.
+    bob      ring: check: token is wrong on rank 1.
+                    rank 0: expected ...
+                    Hint: ...
+
+Every export carries that same text (``Mark.reason``): the CSV's reasons,
+JUnit's failure, Gradescope's ``output``; a passed exercise carries its
+check's pass line (``Mark.output``) where the format has room for it.
 """
 
 from __future__ import annotations
@@ -68,8 +76,11 @@ def table(grades) -> str:
         if g.error:
             reasons.append(f"{_who(g).ljust(who)}  error: {g.error}")
             continue
-        reasons += [f"{_who(g).ljust(who)}  {m.exercise}: {m.reason}"
-                    for m in g.marks if not m.passed]
+        for m in g.marks:
+            if not m.passed:
+                first, *rest = (m.reason or "").splitlines() or [""]
+                head = f"{_who(g).ljust(who)}  {m.exercise}: "
+                reasons += [head + first, *(" " * len(head) + line for line in rest)]
     return "\n".join(lines + ([""] + reasons if reasons else [])) + "\n"
 
 
@@ -108,8 +119,12 @@ def to_junit(grades) -> str:
                 case = ET.SubElement(suite, "testcase", classname=classname, name=m.exercise,
                                      time=f"{m.seconds:.1f}")
                 if not m.passed:
-                    ET.SubElement(case, "failure", message=m.reason)
+                    # The first line as the message (what a CI list shows), the whole feedback as text.
+                    failure = ET.SubElement(case, "failure", message=(m.reason or "").split("\n")[0])
+                    failure.text = m.reason
                     failures += 1
+                elif m.output:
+                    ET.SubElement(case, "system-out").text = m.output
                 tests += 1
         suite.set("tests", str(tests))
         suite.set("failures", str(failures))
@@ -122,8 +137,10 @@ def to_gradescope(grades) -> str:
     """Gradescope's ``results.json`` for one student's submission: a test per exercise.
 
     Gradescope runs its autograder once per student, so ``grades`` are one
-    student's notebooks. Each test's ``output`` is the reason a check gave (the
-    checks name the mistake and never print the answer), which the student sees.
+    student's notebooks. Each test's ``output`` is what the student saw in the
+    notebook: a lost exercise's feedback whole (the headline that names the
+    mistake, the per-rank table, the hint; never the answer), a passed one's
+    ``Correct:`` line.
     """
     tests = []
     for g in grades:
@@ -133,7 +150,7 @@ def to_gradescope(grades) -> str:
                           "visibility": "visible"})
             continue
         tests += [{"name": f"{g.notebook}: {m.exercise}", "score": int(m.passed), "max_score": 1,
-                   "output": "" if m.passed else m.reason, "visibility": "visible"}
+                   "output": m.output if m.passed else m.reason, "visibility": "visible"}
                   for m in g.marks]
     results = {"score": sum(t["score"] for t in tests), "tests": tests,
                "stdout_visibility": "hidden"}

@@ -54,8 +54,16 @@ print("ddplab-probe:", _ddplab_grade_probe())
 del _ddplab_grade_probe"""
 
 
+#: The exception every ``ddplab.check`` checker fails with (``ddplab.check.Feedback``), by name:
+#: its message is what the student saw in the notebook, kept whole for every export.
+FEEDBACK = "Feedback"
+
+
 def reason(ename: str, evalue: str) -> str:
-    """A one-line reason from an error: for a RankError, what the rank raised."""
+    """The reason from an error: a check's ``Feedback`` whole (headline, table, hint: the notebook's
+    text), else one line (for a RankError, what the rank raised)."""
+    if ename == FEEDBACK:
+        return evalue.strip()
     lines = [line.strip() for line in evalue.strip().splitlines() if line.strip()]
     if ename == "RankError":
         blocks = re.split(r"^--- rank (\d+) ---$", evalue, flags=re.M)

@@ -332,19 +332,26 @@ class Lab:
             self.check_ranks(rank, f"lab.debug(rank={rank!r})")
         debugger.post_mortem(self._calls, rank, self._timeout(timeout))
 
-    @contextlib.contextmanager
-    def debugpy(self, ranks: Iterable[int] | int | None = None, folder: str = ".") -> Iterator[None]:
+    def debugpy(self, ranks: Iterable[int] | int | None = None,
+                folder: str = ".") -> contextlib.AbstractContextManager[None]:
         """VS Code attached to ``ranks``: ``with lab.debugpy(ranks=[1]): lab.run(fn)``.
 
         The ranks listen with debugpy, reached on this machine's 127.0.0.1 only,
         at the ports printed and written to ``folder/.vscode/launch.json``
         (``ddplab: attach to ranks``). Entering waits until VS Code attached;
         inside, calls wait without the lab's timeout; after, nothing listens.
-        ``%%rank 1 --debugpy`` is one cell in such a block.
+        ``%%rank 1 --debugpy`` is one cell in such a block. ``ranks=1`` is rank 1.
+        Called without ``with``, it does nothing, and says so with the fix.
         ``ddplab.lab.debugpy_attach`` says how.
         """
+        from .debugpy_attach import Block
+        spelled = f"lab.debugpy(ranks={ranks!r})"
+        chosen = self.check_ranks(ranks, spelled)
+        return Block(self._debugpy(chosen, folder), spelled, chosen)
+
+    @contextlib.contextmanager
+    def _debugpy(self, chosen: list[int], folder: str) -> Iterator[None]:
         from .debugpy_attach import Session
-        chosen = self.check_ranks(ranks, f"lab.debugpy(ranks={ranks!r})")
         self.ensure_usable()
         with Session(self._calls, chosen, getattr(self._engines, "network_shared_because", None),
                      folder):

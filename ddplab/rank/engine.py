@@ -192,9 +192,21 @@ def _format_error(exc: BaseException, keep: Callable[[str], bool]) -> str:
     # Drop leading frames that are ddplab's machinery, keep the user's code.
     while tb is not None and frames and not keep(frames[0].filename):
         tb, frames = tb.tb_next, frames[1:]
-    from .owngroup import explain  # why there is no default group, if the lab's was destroyed
     return relative_to_site_packages("".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
-                                     + explain(exc) + _self_pair_hint(exc) + _shared_gpu_hint(exc))
+                                     + _situation_hints(exc))
+
+
+def _situation_hints(exc: BaseException) -> str:
+    from .owngroup import explain  # why there is no default group, if the lab's was destroyed
+    return explain(exc) + _self_pair_hint(exc) + _shared_gpu_hint(exc)
+
+
+def advice(exc: BaseException) -> list[str]:
+    """What ddplab says of an error raised on a rank, beyond the error itself: each ``ddplab: ...``
+    sentence a traceback from here ends with (``rank`` used inside a function, a rank that sent
+    to itself, a destroyed group, a shared GPU), without the prefix. A check shows them as its hint."""
+    text = _situation_hints(exc) + _name_hint(exc)
+    return [line.removeprefix("ddplab: ") for line in text.splitlines() if line.strip()]
 
 
 def _self_pair_hint(exc: BaseException) -> str:
@@ -372,8 +384,10 @@ def _call(load: Callable[[], tuple[Callable, tuple, dict]],
 
 
 def _is_user_code(filename: str) -> bool:
-    """Neither this module nor ``owngroup`` (which runs ``lab.spawn`` / ``run_script`` code)."""
-    return _is_user_file(filename) and not filename.endswith(os.path.join("rank", "owngroup.py"))
+    """Neither this module nor ``owngroup`` and ``script`` (which run ``lab.spawn`` /
+    ``run_script`` code)."""
+    return _is_user_file(filename) and not filename.endswith(
+        (os.path.join("rank", "owngroup.py"), os.path.join("rank", "script.py")))
 
 
 def _sendable(value: Any) -> tuple[Any, str | None]:
