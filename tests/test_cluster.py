@@ -147,3 +147,17 @@ def test_context_manager_stops_and_start_replaces_a_different_lab(lab):
     with pytest.raises(ddplab.DdplabError, match="no lab is running"):
         ddplab.current()
     lab.restart()                                     # give the session lab back
+
+
+@pytest.mark.slow
+def test_a_call_timeout_shorter_than_a_start_does_not_cut_the_start_short(lab):
+    """The start (engines registering, the group forming) waits ``start_timeout``, not the call
+    timeout: a lab whose calls may take 10 ms still starts and restarts. Before issue 59 its
+    ranks had those 10 ms to answer their first question and to form the group."""
+    quick = 0.01
+    with ddplab.start(world_size=2, backend="gloo", timeout=quick) as short:
+        assert (short.spec.timeout, short.spec.start_timeout) == (quick, 60)
+        short.restart()
+        sums = short.run(all_reduce_sum, [[1.0], [2.0]], timeout=60)
+        assert [t.tolist() for t in sums] == [[3.0], [3.0]]
+    lab.restart()                                     # give the session lab back

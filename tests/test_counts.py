@@ -1,6 +1,6 @@
 """The number of exercises, wherever it is written, is the notebook's (issue 53).
 
-The grader counts an exercise per check cell (``ddplab.grade.plan.exercises``); a
+The grader counts an exercise per check cell (``ddplab.grade.cells.exercises``); a
 notebook's introduction, README's table of notebooks, docs/students.md's table and
 docs/instructors.md's example of ``ddplab grade``'s table must say the same. 01's
 introduction once said five while the grader counted seven.
@@ -13,9 +13,9 @@ import nbformat
 import pytest
 
 from ddplab.grade import report
+from ddplab.grade.cells import exercises
 from ddplab.grade.class_run import Grade
 from ddplab.grade.compare import Mark
-from ddplab.grade.plan import exercises
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

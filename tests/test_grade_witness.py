@@ -268,7 +268,7 @@ def test_the_grader_drives_the_ranks_through_a_plain_lab_that_never_owns_them(ca
     lab = ddplab.start(world_size=2, timeout=120)
     pids = lab.pids
     try:
-        mine = attached.attach(lab.directory, 60)
+        mine = attached.lab_at(lab.directory, 60)
         try:
             assert type(mine) is Lab and isinstance(mine.engines, attached.AttachedRanks)
             assert (mine.world_size, mine.ranks, mine.running) == (2, [0, 1], True)
@@ -298,7 +298,7 @@ def test_the_grader_drives_the_ranks_through_a_plain_lab_that_never_owns_them(ca
 def test_attaching_where_there_is_no_lab_says_so(tmp_path):
     from ddplab.lab import attached
     with pytest.raises(AssertionError, match="found no running lab"):
-        attached.attach(str(tmp_path), 10)
+        attached.lab_at(str(tmp_path), 10)
 
 
 @pytest.mark.slow           # a kernel and a lab of its own, graded: seconds
@@ -375,7 +375,7 @@ def test_a_check_given_the_notebooks_function_runs_it_on_the_ranks_only(monkeypa
         outputs, error, _ = run("ddplab.check.own_group_demo(demo)", demo=_notebook(DEMO, "all_reduce_demo"))
         assert error is None and outputs[0]["text"].startswith("Correct: lab.spawn ran your function"), error
 
-        attached = attaching.attach(lab.directory, 60)
+        attached = attaching.lab_at(lab.directory, 60)
         try:
             with attached.trace() as tr:
                 attached.run(tracing.uneven_work, {0: 0.0, 1: 0.3})

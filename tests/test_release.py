@@ -140,7 +140,7 @@ def test_the_timeline_exercises_answer_is_not_in_the_copy():
 def test_a_student_copy_given_as_the_reference_stops_grading(tmp_path):
     """Grading compares with the reference's check outputs; a copy has none to compare with."""
     from ddplab.errors import GradeError
-    from ddplab.grade.plan import check_reference
+    from ddplab.grade.cells import check_reference
 
     course = nbformat.read(ROOT / "notebooks" / "00_setup.ipynb", as_version=4)
     nbformat.write(release_notebook(course, "00_setup.ipynb"), tmp_path / "00_setup.ipynb")
@@ -151,7 +151,7 @@ def test_a_student_copy_given_as_the_reference_stops_grading(tmp_path):
 def test_a_copy_made_before_the_names_were_hyphenated_is_still_graded_exercise_by_exercise():
     """A workspace copy from before issue 53 has `exercise-global_mean`, `check-global_mean`:
     grading matches its check cells by tag and source, its exercise cells by position."""
-    from ddplab.grade.plan import exercises, plan
+    from ddplab.grade.cells import exercises, plan
 
     course = nbformat.read(ROOT / "notebooks" / "05_ddp_training.ipynb", as_version=4)
     old = release_notebook(course, "05_ddp_training.ipynb")

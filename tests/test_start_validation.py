@@ -26,6 +26,7 @@ FAST_FRACTION = 0.05
     (dict(world_size=2, timeout=float("inf")), "timeout must be a positive, finite number"),
     (dict(world_size=2, pg_timeout=float("nan")), "pg_timeout must be a positive, finite number"),
     (dict(world_size=2, grace=0), "grace must be a positive, finite number.*grace=2"),
+    (dict(world_size=2, start_timeout=0), "start_timeout must be a positive, finite number"),
     (dict(world_size=2, backend=None), "backend=None is not one ddplab knows"),
     (dict(world_size=2, hosts=["127.0.0.1"], init_method=None), "init_method=None is for a lab on"),
     (dict(world_size=2, hosts=["127.0.0.1"], init_method="tcp"), "always joins its ranks at rank 0"),

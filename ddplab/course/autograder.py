@@ -39,7 +39,7 @@ import zipfile
 from pathlib import Path
 
 from ..errors import CourseError
-from ..grade.plan import check_reference
+from ..grade.cells import check_reference
 
 __all__ = ["STUDENT_USER", "build"]
 

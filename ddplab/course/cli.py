@@ -199,9 +199,9 @@ def release(args) -> int:
 
 def _one_student(submissions: list[str], reference: str, depth: int | None) -> None:
     """Gradescope runs its autograder once per student: --gradescope grades one student's work."""
+    from ddplab.grade.cells import notebooks_in
     from ddplab.grade.class_run import GradeError
     from ddplab.grade.handin import handed_in
-    from ddplab.grade.plan import notebooks_in
 
     names = {p.name for p in notebooks_in([reference])} if Path(reference).exists() else set()
     students = sorted({"/".join(filter(None, (h.section, h.student)))
@@ -220,7 +220,7 @@ def _terminated(signum: int, frame) -> None:
 def grade(args) -> int:
     """Grade, print the table, write CSV/JUnit; exit 0 if every exercise passed, else 1."""
     from ddplab.grade import gradebook, report, unprivileged
-    from ddplab.grade.class_run import DEFAULT_CELL_TIMEOUT, GradeError, grade as run
+    from ddplab.grade.class_run import DEFAULT_CELL_TIMEOUT, GradeError, choose_isolation, grade as run
     from ddplab.grade.compare import require_nbval
     from ddplab.grade.journal import journal_for, positive, writable, write_atomically
 
@@ -279,25 +279,19 @@ def grade(args) -> int:
         print(e, file=sys.stderr)
         return 2
     from ddplab import procs
-    from ddplab.grade import sandbox
     # Whatever a worker leaves when a submission kills it comes to us, not to
     # init, and is ended before we exit.
     procs.become_subreaper()
-    unsafe = sandbox.unavailable_reason()
-    if unsafe and run_as:
-        print(f"ddplab grade: grading without a sandbox ({unsafe}): each submission runs as "
-              f"{run_as.name} (--run-as), and can read what every user of this machine can.",
-              file=sys.stderr, flush=True)
-    elif unsafe:
-        print(f"ddplab grade: grading WITHOUT a sandbox ({unsafe}): submissions run with your "
-              f"rights and can read your files and find this process.", file=sys.stderr, flush=True)
+    isolated = choose_isolation(run_as)
+    if isolated.notice():
+        print(isolated.notice(), file=sys.stderr, flush=True)
     begin = time.perf_counter()
     # SIGTERM (a job's time limit, `kill`) stops grading as Ctrl-C does: the workers end and their
     # work folders go; what finished is in the journal for --resume, and nothing else is.
     signal.signal(signal.SIGTERM, _terminated)
     try:
         grades = run(args.submissions, args.reference, jobs=jobs, cell_timeout=timeout,
-                     progress=progress, journal=journal, run_as=run_as,
+                     progress=progress, journal=journal, isolated=isolated,
                      student_depth=args.student_depth)
     except (GradeError, FileNotFoundError) as e:
         print(e, file=sys.stderr)

@@ -46,8 +46,8 @@ from pathlib import Path
 import nbformat
 
 from ..errors import ReleaseError
+from ..grade.cells import notebooks_in
 from ..grade.compare import digest, sanitize_patterns, values_compared
-from ..grade.plan import notebooks_in
 from ..hints import BEGIN, END
 
 STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")

@@ -21,7 +21,7 @@ How a submission is graded
 Why nbclient and not ``pytest --nbval`` in a subprocess: nbval runs a
 notebook in one kernel and, once a cell times out or the kernel dies, fails
 every later cell. Grading must lose only the exercise that broke, so
-``ddplab.grade.plan`` decides what runs and ``ddplab.grade.run`` drives the
+``ddplab.grade.cells`` decides what runs and ``ddplab.grade.run`` drives the
 kernel with nbclient (Jupyter's notebook executor, the one nbconvert uses),
 ``ddplab.grade.compare`` compares outputs with nbval's own functions (stream coalescing, the sanitize
 file parser) and nbval's rules, and recovers from hangs and crashes by
@@ -36,17 +36,23 @@ submissions never share a lab. Up to ``jobs`` workers run at once
 worker that crashes or overruns its deadline costs only its own
 submission, and is killed together with everything it started.
 
-A submission is written by someone who wants the points. Where the machine
-has bubblewrap, each worker runs in a sandbox (``ddplab.grade.sandbox``):
-its own pid, mount, network and user namespaces, so it sees no other
-process, no reference, no other submission and no output of the grader,
-and everything it starts dies with it. Where there is no sandbox (Gradescope's
-container), ``run_as`` runs each worker as a user without rights instead
-(``ddplab.grade.unprivileged``). The worker is a child subreaper and
-ends what it adopted; the grader plans and scores, the worker runs cells in
-the kernel and runs every check cell itself against the ranks
-(``ddplab.grade.witness``), where the submission's code never ran.
-Every finished result is journalled (``ddplab.grade.journal``).
+A submission is written by someone who wants the points. Each worker runs
+in one ``Isolation`` (``ddplab.grade.isolation``), chosen once for the run by
+``choose_isolation``: a bubblewrap sandbox where the machine has one
+(``ddplab.grade.sandbox``: its own pid, mount, network and user namespaces,
+so it sees no other process, no reference, no other submission and no
+output of the grader, and everything it starts dies with it); else, given
+``--run-as`` (Gradescope's container), as a user without rights
+(``ddplab.grade.unprivileged``); else plainly, and the grader says so. The
+worker is a child subreaper and ends what it adopted; the grader plans and
+scores, the worker runs cells in the kernel and runs every check cell itself
+against the ranks (``ddplab.grade.witness``), where the submission's code
+never ran. Every finished result is journalled (``ddplab.grade.journal``).
+
+Timeouts: ``cell_timeout`` (``--cell-timeout``) is each cell's in the kernel,
+and each call's of the lab through which the worker checks (connecting to it
+takes ``LabSpec.start_timeout``: a minute, or ``cell_timeout`` if longer);
+``worker_deadline`` is a whole worker's, derived from it.
 """
 
 from __future__ import annotations
@@ -56,7 +62,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -67,12 +72,13 @@ from pathlib import Path
 
 from .. import limits, procs
 from . import sandbox, witness
+from .cells import CellRun, GradeError, check_reference, describe, load_submission, notebooks_in, plan
 from .compare import Mark, digest, sanitize_patterns, score, values_compared
 from .handin import handed_in, read_text
+from .isolation import Isolation, Plain, killed_reason
 from .journal import Journal, key, write_atomically
-from .plan import GradeError, Step, check_reference, describe, load_submission, notebooks_in, plan
 from .run import execute
-from .unprivileged import Account, hand_over
+from .unprivileged import Account, AnotherAccount
 
 DEFAULT_CELL_TIMEOUT = 120.0
 log = logging.getLogger(__name__)
@@ -140,9 +146,18 @@ def default_jobs(available: int | None = None, cores: int | None = None) -> int:
     return max(1, min(4 * cores, available // SUBMISSION_MEMORY_BYTES))
 
 
+def choose_isolation(run_as: Account | None = None) -> Isolation:
+    """How this machine's grading workers are kept from the grader: a bubblewrap sandbox where it
+    can make one, else ``run_as`` (``unprivileged.account``) where given, else plainly."""
+    why = sandbox.unavailable_reason()
+    if not why:
+        return sandbox.Bubblewrap()
+    return AnotherAccount(run_as, why) if run_as is not None else Plain(why)
+
+
 def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None = None,
           cell_timeout: float = DEFAULT_CELL_TIMEOUT, progress=None,
-          journal: Journal | None = None, run_as: Account | None = None,
+          journal: Journal | None = None, isolated: Isolation | None = None,
           student_depth: int | None = None) -> list[Grade]:
     """Grade every submission (files, or folders of them) in parallel; one Grade per student and
     notebook, in order.
@@ -150,14 +165,15 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
     ``progress``, if given, is called with each Grade as it finishes.
     ``journal``, if given, records each one as it finishes, and the
     submissions it already holds are not graded again (``--resume``).
-    ``run_as``, if given (``unprivileged.account``), is the user each unsandboxed
-    submission runs as. ``student_depth``: ``--student-depth`` (``ddplab.grade.students``).
+    ``isolated``: how each worker is kept from the grader (default: ``choose_isolation()``).
+    ``student_depth``: ``--student-depth`` (``ddplab.grade.students``).
 
     Stopped (an exception reaches it while it waits: SIGTERM made one by
     ``ddplab grade``, Ctrl-C), it ends every worker, removes their work folders,
     records nothing unfinished, and raises it on.
     """
     reference = Path(reference)
+    isolated = isolated or choose_isolation()
     for folder in sweep_abandoned_work():
         log.info("ddplab grade: removed %s, left by a grader that was killed", folder)
     if not reference.exists():
@@ -195,7 +211,7 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
         else:
             result = (Grade(handin.student, path.stem, str(path), error=error)
                       if ref is None else
-                      _in_worker(path, ref, handin.student, cell_timeout, env, run_as, stop))
+                      _in_worker(path, ref, handin.student, cell_timeout, env, isolated, stop))
             if result is None or stop.is_set():
                 return None                 # stopped: not graded, so not journalled
             if journal is not None and entry:
@@ -208,7 +224,7 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
     # Sandboxed, each submission's engines must be forked inside its sandbox:
     # a class template outside it would run their code with the grader's view
     # (and, run as another user, with the grader's rights).
-    shared = (one_template_for_the_class() if sandbox.unavailable_reason() and run_as is None
+    shared = (one_template_for_the_class() if isolated.shares_template
               else contextlib.nullcontext({}))
     # A subreaper while it grades: what each sandbox leaves as it ends comes here to be reaped,
     # not to init (procs.adopting).
@@ -297,12 +313,24 @@ _WORKER = ("import sys; sys.modules['rfc3987_syntax'] = None; "
            "from ddplab.grade.class_run import _worker; sys.exit(_worker(sys.argv[1:]))")
 
 
-def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
-               env: dict | None = None, run_as: Account | None = None,
-               cancel: threading.Event | None = None) -> Grade | None:
-    """Grade in a child process (sandboxed where the machine allows); a crash or overrun
-    there costs only this submission. None if ``cancel`` was set first (the worker is ended,
-    its work folder removed).
+#: A grading worker's deadline: this, for its kernel's start and the witness's imports, and each
+#: cell of the notebook at its timeout this many times (its run, a replay after a later cell broke
+#: the kernel, the replay's one retry). A bound for a run gone wrong, never a pace: a notebook that
+#: finishes takes a small part of it.
+WORKER_START_S, RUNS_PER_CELL = 300, 3
+
+
+def worker_deadline(cells: int, cell_timeout: float) -> float:
+    """Seconds a grading worker may take in all before it is stopped and its submission is
+    reported not graded, for a notebook of ``cells`` cells."""
+    return WORKER_START_S + RUNS_PER_CELL * cells * cell_timeout
+
+
+def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float, env: dict,
+               isolated: Isolation, cancel: threading.Event) -> Grade | None:
+    """Grade in a child process given ``env``, kept from the grader by ``isolated``; a crash or
+    overrun there costs only this submission. None if ``cancel`` was set first (the worker is
+    ended, its work folder removed).
 
     The plan (which cells run) and the score are made here, in the grader; the
     worker only runs the steps. It reads them from a file it deletes before
@@ -318,57 +346,24 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
         return Grade(student, ref.stem, str(path), error=f"not graded: {e}",
                      marks=[Mark(ex.name, False, "not graded") for ex in found])
     steps, problems = plan(submission, found, reference)
-    deadline = 300 + 3 * len(reference.cells) * cell_timeout
-    sandboxed = not sandbox.unavailable_reason()
-    run_as = None if sandboxed else run_as
+    deadline = worker_deadline(len(reference.cells), cell_timeout)
     with tempfile.TemporaryDirectory(prefix=WORK_PREFIX) as tmp:
         tmp = Path(tmp)
         (tmp / OWNER).write_text(_me())             # whose it is, for a later run's sweep
         todo, out = tmp / "steps.json", tmp / "ran.json"
         todo.write_text(json.dumps([asdict(step) for step in steps]))
-        if sandboxed or run_as:
-            # Its own copy of the notebook, in the one folder it may write to.
-            cwd = tmp / "work"
-            cwd.mkdir()
-            (cwd / path.name).write_text(text, encoding="utf-8")
-        else:
-            # The submission's own folder is the working directory, as in nbgrader:
-            # files a notebook writes land beside it, never in the course's folder.
-            cwd = path.resolve().parent
-            # Its temporary files go in ours, removed below however it ends (the
-            # sandbox's /tmp is a tmpfs of its own): a notebook stopped mid-way
-            # leaves nothing in the machine's temporary folder.
-            (tmp / "tmp").mkdir()
-            env = dict(env or os.environ, TMPDIR=str(tmp / "tmp"))
+        cwd = isolated.folder(tmp, path, text)
         command = [sys.executable, "-c", _WORKER, str(todo), str(out), str(cwd), str(cell_timeout)]
-        if run_as:
-            # Its home in the work folder too (the user's own may not exist), and only
-            # the variables a sandboxed worker would get: the grader's are not its.
-            (tmp / "home").mkdir()
-            (tmp / "tmp").mkdir()
-            env = dict(sandbox.environment(env or os.environ), HOME=str(tmp / "home"),
-                       TMPDIR=str(tmp / "tmp"))
-            hand_over(tmp, run_as)
-        if sandboxed:
-            command, env = sandbox.wrap(command, scratch=tmp), sandbox.environment(env or os.environ)
-        # In our session, not one of its own: a terminal's Ctrl-C reaches the
-        # worker too, and it stops (a worker in a session of its own would go
-        # on grading while the pool waits for it). Its stdout is discarded; its
-        # last stderr line is the message. Not noting its descendants while it
-        # runs keeps a long grading from reading the process table ten times a
-        # second; at the end, those it still has are ended with it.
-        worker = procs.Group([command], env=env, output="stderr", session=False, note=False,
-                             user=(run_as.uid, run_as.gid) if run_as else None,
-                             cwd=str(tmp) if run_as else None)    # the grader's may be shut to it
+        worker = isolated.worker(command, tmp, env)
         ran = worker.start().wait(timeout=deadline, grace=5, cancel=cancel)
-        # bubblewrap's own child, adopted by the grader as the sandbox ends: no zombie left
-        procs.reap_adopted(settle=1.0 if sandboxed else 0.0)
+        # what the worker's end handed to the grader (bubblewrap's own child): no zombie left
+        procs.reap_adopted(settle=isolated.settle)
         if ran.stopped == "cancelled":
             return None
         if ran.timed_out:
             return Grade(student, ref.stem, str(path),
                          error=f"not graded: grading took longer than {deadline:g} s and was stopped")
-        killed = killed_reason(ran[0].returncode, sandboxed) if not ran[0].ended else ""
+        killed = killed_reason(ran[0].returncode, isolated) if not ran[0].ended else ""
         if killed:
             return Grade(student, ref.stem, str(path), error=killed)
         if ran[0].returncode != 0 or not out.exists():
@@ -389,32 +384,6 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
                  cells_failed=failed, cell_digests=digests)
 
 
-def killed_reason(returncode: int | None, sandboxed: bool) -> str:
-    """The reason for a grading worker that a signal ended ("" if it exited by itself, or a
-    terminal's Ctrl-C, SIGINT, reached it: the grader stops then too).
-
-    Not the worker's last stderr line: it had no chance to say anything, and that line is
-    whatever its kernel logged last (a start-up warning), which reads as the cause. Its
-    own kernel's code is what reaches it (a submission that kills its ancestors); the
-    grader ends a worker only at the deadline, reported apart. bubblewrap reports a
-    child a signal ended as 128 + the signal's number.
-    """
-    number = (-returncode if returncode is not None and returncode < 0 else
-              returncode - 128 if sandboxed and returncode is not None and 128 < returncode < 160
-              else None)
-    if number is None or number == signal.SIGINT:
-        return ""
-    try:
-        name = signal.Signals(number).name
-    except ValueError:
-        name = f"signal {number}"
-    return (f"not graded: the submission killed its grader: the grading worker that runs its "
-            f"kernel was ended by {name} while the notebook ran, which a notebook does when its "
-            f"code signals its kernel's parent processes (os.getppid()) or others it did not "
-            f"start. Such code cannot be graded. (If the notebook does no such thing, the machine "
-            f"ran out of memory: see dmesg.)")
-
-
 def _worker(argv: list[str]) -> int:
     """Run the steps in ``argv[0]`` (then deleted) in a kernel; write what each did to ``argv[1]``.
 
@@ -426,10 +395,10 @@ def _worker(argv: list[str]) -> int:
     procs.become_subreaper()
     procs.hide_memory()
     witness.prepare()          # before any cell of the submission: see its docstring
-    steps = [Step(**record) for record in json.loads(Path(todo).read_text())]
+    steps = [CellRun(**record) for record in json.loads(Path(todo).read_text())]
     Path(todo).unlink()
     try:
-        execute(steps, cwd, float(cell_timeout), witnessed=True)
+        execute(steps, cwd, float(cell_timeout))
     finally:
         procs.end_descendants(grace=1)
     write_atomically(out, json.dumps([{"status": s.status, "error": s.error, "outputs": s.outputs,

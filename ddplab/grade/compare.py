@@ -4,7 +4,7 @@ An exercise passes when its exercise cell ran without error and its check
 cell ran without error and printed what the reference printed, compared the
 way nbval compares: nbval's own stream coalescing and sanitize-file parser,
 ``nbval_sanitize.cfg`` (beside this module) applied to both sides, the fields
-nbval skips skipped. ``score`` turns the ``Step``s that ``ddplab.grade.run``
+nbval skips skipped. ``score`` turns the ``CellRun``s that ``ddplab.grade.run``
 recorded into one ``Mark`` per exercise.
 """
 
@@ -22,7 +22,7 @@ from importlib import resources
 import nbformat
 
 from ..errors import GradeError
-from .plan import Exercise, Step, describe
+from .cells import CellRun, Exercise, describe
 
 # Output fields that never match run to run; nbval skips the same ones
 # (plus images, which it compares only with nbdime).
@@ -161,7 +161,7 @@ class Mark:
     output: str = ""
 
 
-def score(steps: list[Step], found: list[Exercise], problems: dict[str, str],
+def score(steps: list[CellRun], found: list[Exercise], problems: dict[str, str],
           patterns) -> list[Mark]:
     """Per exercise: passed, or the first reason it did not."""
     marks = []
@@ -193,7 +193,7 @@ def _printed(outputs: list) -> str:
                    if o.get("output_type") == "stream" and o.get("name") == "stdout").strip()
 
 
-def _broken_before(steps: list[Step], check: Step) -> Step | None:
+def _broken_before(steps: list[CellRun], check: CellRun) -> CellRun | None:
     """The first cell that is not an exercise or check and broke the kernel before ``check``."""
     for step in steps[:steps.index(check)]:
         if step.role == "other" and step.status in ("timeout", "died"):

@@ -1,6 +1,6 @@
 """Run one submission's cells in a kernel of its own, and survive what students write.
 
-``ddplab.grade.plan`` turns a submission into a list of ``Step``s (the student's
+``ddplab.grade.cells`` turns a submission into a list of ``CellRun``s (the student's
 cells, with the reference check cells in place of the student's copies);
 ``execute`` runs them one by one in a fresh Jupyter kernel through nbclient,
 nbval's own executor library, and records each cell's status and outputs.
@@ -21,7 +21,7 @@ What can go wrong in a cell, and what happens:
   only by its verdict (forgeable: the grader says so).
 
 Recovering means: kill the kernel (its lab's engines and controller exit with
-it, see ``ddplab.rank.guard``), start a new one, and replay the cells before the
+it, see ``ddplab.rank.tether``), start a new one, and replay the cells before the
 failure, with the reference solution in place of every exercise already
 failed, so the exercises after it are graded on a correct state. A cell
 that fails during the replay is not graded again; if the replay itself
@@ -40,8 +40,8 @@ import nbformat
 
 from .. import procs
 from . import witness
+from .cells import CellRun, describe
 from .guard import SAVE_STREAMS, guarded_check, verdict
-from .plan import Step, describe
 
 log = logging.getLogger(__name__)
 # Asked after a cell failed: is the lab this kernel started still usable?
@@ -146,13 +146,12 @@ class Kernel:
         family.end(grace=15)
 
 
-def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = False) -> None:
+def execute(steps: list[CellRun], cwd: str, cell_timeout: float) -> None:
     """Run ``steps`` in order, recording status, outputs and reasons on each.
 
-    ``witnessed``: this process never runs a submission's code (a grading
-    worker, after ``witness.prepare``), so it runs the check cells it
-    can itself (``ddplab.grade.witness``); the others run guarded in
-    the kernel. Not witnessed, every check runs guarded in the kernel.
+    Called in a grading worker, a process that never runs a submission's code,
+    after ``witness.prepare``: it runs each check cell it can itself
+    (``ddplab.grade.witness``); the others run guarded in the kernel.
     """
     failed: set[str] = set()      # exercises already lost: replays use the reference solution
     kernel = Kernel(cwd, cell_timeout)
@@ -162,7 +161,7 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = 
                 step.status = "ok"
                 continue
             broke, began = False, time.monotonic()
-            if step.role == "check" and witnessed and witness.witnessable(step.source):
+            if step.role == "check" and witness.witnessable(step.source):
                 broke = _witness(kernel, step, cwd, cell_timeout)
             elif step.role == "check":
                 nonce = secrets.token_hex(16)
@@ -193,7 +192,7 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = 
             kernel.stop()
 
 
-def _witness(kernel: Kernel, step: Step, cwd: str, cell_timeout: float) -> bool:
+def _witness(kernel: Kernel, step: CellRun, cwd: str, cell_timeout: float) -> bool:
     """Run check ``step`` in this process against the kernel's lab; True if that broke the lab.
 
     The kernel is asked only for data (where the lab is, the names the check
@@ -212,7 +211,7 @@ def _witness(kernel: Kernel, step: Step, cwd: str, cell_timeout: float) -> bool:
     return broke
 
 
-def _replay(done: list[Step], failed: set[str], cwd: str, cell_timeout: float) -> Kernel | None:
+def _replay(done: list[CellRun], failed: set[str], cwd: str, cell_timeout: float) -> Kernel | None:
     """A new kernel in the state after ``done``, or None if the replay fails twice.
 
     One retry: on a loaded machine a replayed cell that passed before (the
@@ -226,7 +225,7 @@ def _replay(done: list[Step], failed: set[str], cwd: str, cell_timeout: float) -
     return None
 
 
-def _replay_once(done: list[Step], failed: set[str], cwd: str, cell_timeout: float) -> Kernel | None:
+def _replay_once(done: list[CellRun], failed: set[str], cwd: str, cell_timeout: float) -> Kernel | None:
     kernel = Kernel(cwd, cell_timeout)
     for step in done:
         if step.skip:

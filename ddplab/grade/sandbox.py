@@ -32,10 +32,13 @@ What that gives, and why each part:
 - A network of its own: loopback only (the lab's ranks talk over it);
   nothing leaves the machine, and no other submission's lab is reachable.
 - A user namespace: no capabilities, even when the grader runs as root.
-- An environment reduced to what Python, Jupyter and torch need.
+- An environment reduced to what Python, Jupyter and torch need
+  (``ddplab.grade.isolation.environment``).
 
+``Bubblewrap`` is this module's ``Isolation`` (``ddplab.grade.isolation``).
 Without ``bwrap`` (or where the kernel forbids unprivileged user
-namespaces), grading still runs, unsandboxed, and says so once when it
+namespaces), grading still runs, as another user (``--run-as``,
+``ddplab.grade.unprivileged``) or unsandboxed, and says so once when it
 starts (``unavailable_reason``). ``DDPLAB_SANDBOX=0`` turns it off.
 """
 
@@ -47,18 +50,16 @@ import shutil
 import sys
 from pathlib import Path
 
+from .. import procs
+from .isolation import Isolation, environment, worker_group
+
 #: Read-only binds of the system, where they exist.
 SYSTEM = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", "/sys"]
 #: Files of /etc no submission needs to read (the grader may run as root).
 HIDDEN_SYSTEM_FILES = ["/etc/shadow", "/etc/gshadow", "/etc/sudoers"]
-#: Environment variables that pass into the sandbox (names, or prefixes ending in _).
-KEEP_ENV = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "PYTHONPATH", "PYTHONHASHSEED",
-            "LC_", "OMP_", "MKL_", "OPENBLAS_", "TORCH_", "GLOO_", "DDPLAB_", "NCCL_", "CUDA_")
 #: ddplab's modules whose source answers an exercise, and which notebooks still run (06's demos
 #: draw and time the reference ring): in the sandbox, their compiled code without the source.
 ANSWER_MODULES = ("algorithms",)
-#: Set by the grader so that a submission's kernel borrows no process from outside.
-DROP_ENV = ("DDPLAB_TEMPLATE",)
 
 
 def requested() -> bool:
@@ -74,7 +75,6 @@ def unavailable_reason() -> str:
     if bwrap is None:
         return ("bubblewrap (bwrap) is not installed; on Debian/Ubuntu: "
                 "apt-get install bubblewrap (tools/ensure_sandbox.sh)")
-    from .. import procs
     try:
         with procs.adopting():          # the probe's sandbox leaves an orphan too: reaped here
             probe = procs.run([wrap(["/bin/true"], scratch=None, bwrap=bwrap)], timeout=30)
@@ -192,8 +192,21 @@ def wrap(command: list[str], *, scratch: Path | None, bwrap: str | None = None) 
     return args + ["--", *command]
 
 
-def environment(env: dict) -> dict:
-    """The variables a sandboxed worker gets: what Python, Jupyter and torch need."""
-    return {k: v for k, v in env.items()
-            if k not in DROP_ENV and any(k == keep or (keep.endswith("_") and k.startswith(keep))
-                                         for keep in KEEP_ENV)}
+class Bubblewrap(Isolation):
+    """Each worker in a sandbox of its own (``wrap``): the default, where ``unavailable_reason``
+    is ""."""
+
+    #: bubblewrap's own child is handed to the grader a moment after the worker ends.
+    settle = 1.0
+
+    def notice(self) -> str:
+        return ""
+
+    def worker(self, command: list[str], work: Path, env: dict) -> procs.Group:
+        return worker_group(wrap(command, scratch=work), environment(env))
+
+    def signal_of(self, returncode: int | None) -> int | None:
+        # bubblewrap reports a child a signal ended as 128 + the signal's number.
+        if returncode is not None and 128 < returncode < 160:
+            return returncode - 128
+        return super().signal_of(returncode)

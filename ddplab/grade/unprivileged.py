@@ -18,7 +18,8 @@ What ``USER`` can still read is what every user of the machine can: keep
 the reference notebooks in a folder only root may enter (the autograder's
 ``run_autograder`` does, ``chmod 700``). Where bubblewrap works, the
 sandbox is used instead (``ddplab.grade.sandbox``), and ``--run-as`` is not
-needed.
+needed. ``AnotherAccount`` is this module's ``Isolation``
+(``ddplab.grade.isolation``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from .. import procs
 from ..errors import GradeError
+from .isolation import Isolation, environment, worker_group
 
 
 @dataclass(frozen=True)
@@ -74,3 +76,24 @@ def hand_over(folder: Path, user: Account) -> None:
     """Make ``folder`` and everything in it ``user``'s (the grader keeps root's rights)."""
     for path in [folder, *folder.rglob("*")]:
         os.chown(path, user.uid, user.gid, follow_symlinks=False)
+
+
+class AnotherAccount(Isolation):
+    """Each worker as ``user``, where there is no sandbox (``why``: why not)."""
+
+    def __init__(self, user: Account, why: str) -> None:
+        self.user, self.why = user, why
+
+    def notice(self) -> str:
+        return (f"ddplab grade: grading without a sandbox ({self.why}): each submission runs as "
+                f"{self.user.name} (--run-as), and can read what every user of this machine can.")
+
+    def worker(self, command: list[str], work: Path, env: dict) -> procs.Group:
+        # Its home in the work folder too (the user's own may not exist), and only
+        # the variables a sandboxed worker would get: the grader's are not its.
+        (work / "home").mkdir()
+        (work / "tmp").mkdir()
+        env = dict(environment(env), HOME=str(work / "home"), TMPDIR=str(work / "tmp"))
+        hand_over(work, self.user)
+        return worker_group(command, env, user=(self.user.uid, self.user.gid),
+                            cwd=str(work))        # the grader's may be shut to it

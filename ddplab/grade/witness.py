@@ -53,10 +53,9 @@ import pickle
 import sys
 from typing import Any
 
-from .unpickle import Refused, SafePickle, SafeUnpickler, load_name, load_trace, safe_loads
+from .unpickle import SafePickle, load_name, load_trace, safe_loads
 
-__all__ = ["GRADER_NAMES", "Refused", "SafePickle", "SafeUnpickler", "answer", "ask", "asked",
-           "check", "prepare", "witnessable"]
+__all__ = ["GRADER_NAMES", "answer", "ask", "asked", "check", "prepare", "witnessable"]
 
 #: Names a check cell uses that are the grader's own, never asked of the kernel.
 GRADER_NAMES = frozenset({"ddplab", "lab"})
@@ -214,7 +213,7 @@ def check(source: str, found: dict, timeout: float,
                     namespace[name] = load_name(name, value)
             tracing.set_last(load_trace(found["trace"]))
             if found["where"]:
-                lab = attached.attach(found["where"], timeout)
+                lab = attached.lab_at(found["where"], timeout)
             namespace["lab"] = lab
             current_lab.make_current(lab)      # what ddplab.check.x() finds when given no lab
             exec(compile(source, "<check cell>", "exec"), namespace)

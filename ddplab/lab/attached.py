@@ -4,7 +4,7 @@ The third ``Ranks`` (beside ``LocalRanks`` and ``HostRanks``), for a process
 that must drive another's lab without trusting it: the grading worker
 (``ddplab.grade.witness``) runs every check against the ranks of the
 submission's lab, not in the submission's kernel, whose ``Lab`` the
-submission can patch. ``attach(directory, timeout)`` returns a plain ``Lab``
+submission can patch. ``lab_at(directory, timeout)`` returns a plain ``Lab``
 over these ranks, so a checker finds there what it finds on any lab
 (``run``, ``spawn``, ``trace``, ``world_size``, output by rank, ``RankError``
 and ``HangError``).
@@ -76,9 +76,9 @@ class AttachedRanks:
     backend_reason = "gloo (the lab's own group)"
     controller_pid = None
 
-    def __init__(self, directory: str, timeout: float) -> None:
+    def __init__(self, directory: str, start_timeout: float) -> None:
         self.directory = directory
-        self.timeout = timeout
+        self.start_timeout = start_timeout       # connecting, and asking each engine its rank
         self.running = False
         self.client: Any = None
         self.engine_ids: list[int] = []    # index: torch rank
@@ -109,7 +109,7 @@ class AttachedRanks:
         if not os.path.isfile(url_file):
             raise AssertionError("the grader found no running lab to check "
                                  "(start one with lab = ddplab.start(world_size=2))")
-        self.client = ipp.Client(url_file, timeout=self.timeout)
+        self.client = ipp.Client(url_file, timeout=self.start_timeout)
         ranks = self._live_ranks()
         if sorted(ranks.values()) != list(range(len(ranks))):
             self.client.close()
@@ -135,7 +135,7 @@ class AttachedRanks:
         ranks = {}
         for eid, answer in asked.items():
             try:
-                ranks[eid] = answer.get(self.timeout)
+                ranks[eid] = answer.get(self.start_timeout)
             except (EngineError, RemoteError) as e:
                 if isinstance(e, RemoteError) and e.ename != "EngineError":
                     raise
@@ -186,11 +186,13 @@ class AttachedRanks:
         self.running = False
 
 
-def attach(directory: str, timeout: float) -> Any:
-    """A ``Lab`` over the ranks of the lab whose private folder is ``directory``."""
+def lab_at(directory: str, timeout: float) -> Any:
+    """A ``Lab`` over the ranks of the lab whose private folder is ``directory``: its calls time
+    out after ``timeout``; connecting to it, after ``LabSpec.start_timeout`` (a minute, or
+    ``timeout`` if longer)."""
     from .lab import Lab
+    spec = LabSpec.build(None, timeout=timeout)
     # No watchers: nobody watches this lab's screen, and the ranks' stacks, CPU time and
     # recorder are out of its reach (``ddplab.lab.watchers``).
-    lab = Lab(LabSpec.build(None, timeout=timeout), engines=AttachedRanks(directory, timeout),
-              watchers=())
+    lab = Lab(spec, engines=AttachedRanks(directory, spec.start_timeout), watchers=())
     return lab.start()

@@ -213,7 +213,7 @@ class Lab:
         if joins:
             tasks = [self._calls.call(rank, engine.call, engine.join_group, args, {})
                      for rank, args in sorted(joins.items())]
-            self._calls.await_join(tasks, self.spec.timeout)
+            self._calls.await_join(tasks, self.spec.start_timeout)
 
     def __enter__(self) -> "Lab":
         return self

@@ -152,7 +152,7 @@ class LocalRanks:
             # politely: SIGINT, then waiting for engines that a stuck collective keeps
             # from ever answering. ddplab ends its processes itself (shut_down).
             shutdown_atexit=False,
-            delay=0, engine_timeout=max(60, int(self.spec.timeout)),
+            delay=0, engine_timeout=int(self.spec.start_timeout),
             # Engines start at once and load torch while the controller comes up.
             send_engines_connection_env=False,
             controller_args=[*_unix_socket_args(self.directory), *heartbeat_args()],
@@ -183,7 +183,7 @@ class LocalRanks:
         return cluster
 
     def _joins(self) -> Joins:
-        n, timeout = self.spec.world_size, self.spec.timeout
+        n, timeout = self.spec.world_size, self.spec.start_timeout
         kernel_path = [p for p in sys.path if p]
         if self.spec.init_method is None:
             # Bare ranks: the student calls init_process_group. One free port

@@ -52,7 +52,7 @@ the engine of each rank, and the views that send one call to many engines.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from ..env import check_init_method, check_timeout, check_world_size
@@ -78,9 +78,29 @@ def heartbeat_args() -> list[str]:
             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"]
 
 
+#: The least a lab's start waits, by default, whatever its call timeout (``LabSpec.start_timeout``).
+START_TIMEOUT = 60.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class LabSpec:
-    """The arguments a lab was started with, by name; equal specs share one lab."""
+    """The arguments a lab was started with, by name; equal specs share one lab.
+
+    Its timeouts, each for one thing (the process group's own, ``pg_timeout``, aside):
+
+    - ``timeout``: a call's. Seconds a cell, ``lab.run`` or ``lab.wait`` may take before
+      ``HangError`` (for ``lab.spawn`` and ``lab.run_script``, without progress); a call that
+      sees a peer hang up waits for the controller to confirm the loss within it, at most
+      ``ddplab.lab.multihost.host_ranks.LOSS_WAIT``.
+    - ``start_timeout``: the start's (and each restart's). Seconds the engines may take to
+      register with the controller, to answer their first questions, and to form the process
+      group; for a lab attached to (``ddplab.attach``, the grader's view of a submission's lab),
+      to connect to its controller. By default ``START_TIMEOUT``, or ``timeout`` if longer: a
+      short call timeout (a deadlock shown in 5 s) never cuts a start short, and a lab given a
+      longer one waits as long for its start, as it always did. Not compared: two specs that
+      differ only here describe one lab.
+    - ``grace``: how long a ``%%rank N`` cell waits before it returns and leaves the rank running.
+    """
     world_size: int
     backend: str
     timeout: float
@@ -88,20 +108,25 @@ class LabSpec:
     pg_timeout: float
     debug: bool
     init_method: str | None = "store"   # see ddplab.start(); None: bare ranks
+    start_timeout: float = field(default=START_TIMEOUT, compare=False)
 
     @classmethod
     def build(cls, world_size: Any, backend: str = "auto", timeout: Any = 60, *,
               grace: Any = 2.0, pg_timeout: Any = 1800, debug: Any = False,
-              init_method: Any = "store") -> "LabSpec":
+              init_method: Any = "store", start_timeout: Any = None) -> "LabSpec":
         """A checked spec: ``ConfigError`` naming the fix for any bad argument.
 
-        ``world_size=None`` (``attach``: every engine there) is kept as 0.
+        ``world_size=None`` (``attach``: every engine there) is kept as 0;
+        ``start_timeout=None``: ``START_TIMEOUT``, or ``timeout`` if longer.
         """
+        timeout = check_timeout(timeout)
+        start_timeout = (max(START_TIMEOUT, timeout) if start_timeout is None
+                         else check_timeout(start_timeout, "start_timeout"))
         return cls(world_size=0 if world_size is None else check_world_size(world_size),
-                   backend=backend, timeout=check_timeout(timeout),
+                   backend=backend, timeout=timeout,
                    grace=check_timeout(grace, "grace", example=2),
                    pg_timeout=check_timeout(pg_timeout, "pg_timeout"), debug=bool(debug),
-                   init_method=check_init_method(init_method))
+                   init_method=check_init_method(init_method), start_timeout=start_timeout)
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,14 @@ def _adopt(lab: Lab) -> Lab:
 def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
           grace: float = 2.0, pg_timeout: float = 1800, debug: bool = False,
           init_method: str | None = "store", hosts: Any = None, engines: str | None = None,
-          **host_options: Any) -> Lab:
+          start_timeout: float | None = None, **host_options: Any) -> Lab:
     """Start a lab of ``world_size`` ranks, or return the running one if it matches.
 
     - ``backend``: ``"auto"`` (nccl with one GPU per rank, else gloo), ``"gloo"`` or ``"nccl"``.
     - ``timeout``: seconds any cell or ``lab.run`` may take before ``HangError``.
+    - ``start_timeout``: seconds the start (and each ``lab.restart()``) may take: the
+      engines registering, and the ranks forming their group. Default: a minute, or
+      ``timeout`` if longer (``ddplab.lab.LabSpec``).
     - ``grace``: seconds a ``%%rank N`` cell waits before returning and leaving the rank running.
     - ``pg_timeout``: the process group's own timeout. Long by default, because
       in the two-prompt style a send may wait while a person reads the next cell.
@@ -118,9 +121,10 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
                 f"ddplab.lab.multihost). Use start(hosts=...) without init_method, or "
                 f"start(world_size=..., init_method={init_method!r}) for local ranks.")
         return _start_hosts(world_size, backend, timeout, hosts=hosts, engines=engines,
-                            grace=grace, pg_timeout=pg_timeout, debug=debug, **host_options)
+                            grace=grace, pg_timeout=pg_timeout, debug=debug,
+                            start_timeout=start_timeout, **host_options)
     spec = LabSpec.build(world_size, backend, timeout, grace=grace, pg_timeout=pg_timeout,
-                         debug=debug, init_method=init_method)
+                         debug=debug, init_method=init_method, start_timeout=start_timeout)
     gpus = gpu_count() if spec.backend in ("auto", "nccl") else 0
     lab = Lab(spec, gpus)                  # validates the backend before anything starts
     running = current_lab.current_or_none()
@@ -136,7 +140,7 @@ def _start_hosts(world_size: int, backend: str = "auto", timeout: float = 60, *,
                  hosts: Any = None, engines: str | None = None, listen: str | None = None,
                  ssh_cmd: list[str] | None = None, remote_python: str | None = None,
                  config: dict | None = None, grace: float = 2.0, pg_timeout: float = 1800,
-                 debug: bool = False) -> Lab:
+                 debug: bool = False, start_timeout: float | None = None) -> Lab:
     """``ddplab.start(..., hosts=[...])`` / ``engines=``: see ``ddplab.lab.multihost``.
 
     - ``hosts``: hostnames (``user@host:port`` works), ranks split evenly, or
@@ -151,7 +155,8 @@ def _start_hosts(world_size: int, backend: str = "auto", timeout: float = 60, *,
     n = check_world_size(world_size)
     launch, order = hoststart.plan(n, hosts=hosts, engines=engines, listen=listen,
                                     ssh_cmd=ssh_cmd, remote_python=remote_python, config=config)
-    spec = LabSpec.build(n, backend, timeout, grace=grace, pg_timeout=pg_timeout, debug=debug)
+    spec = LabSpec.build(n, backend, timeout, grace=grace, pg_timeout=pg_timeout, debug=debug,
+                         start_timeout=start_timeout)
     return _adopt(Lab(spec, engines=HostRanks(spec, launch=launch, host_order=order)))
 
 
@@ -159,16 +164,17 @@ def attach(url_file: str | None = None, *, profile: str | None = None,
            profile_dir: str | None = None, cluster_id: str | None = None,
            world_size: int | None = None, backend: str = "auto", timeout: float = 60,
            hosts_order: list[str] = (), grace: float = 2.0, pg_timeout: float = 1800,
-           debug: bool = False) -> Lab:
+           debug: bool = False, start_timeout: float | None = None) -> Lab:
     """Join a cluster you started (``ipcluster start``, a Slurm job) and form the group over it.
 
     Give the controller's ``ipcontroller-client.json`` (``url_file``), or a
     ``profile`` and ``cluster_id`` as you gave ``ipcluster``. ``world_size``
     defaults to every engine registered. Your engines keep running after
-    ``lab.stop()``; they only leave the process group.
+    ``lab.stop()``; they only leave the process group. ``start_timeout``: how long to wait
+    for the controller's file and the engines, and for the group to form (``ddplab.start``).
     """
     spec = LabSpec.build(world_size, backend, timeout, grace=grace, pg_timeout=pg_timeout,
-                         debug=debug)
+                         debug=debug, start_timeout=start_timeout)
     if backend not in ("auto", "gloo", "nccl"):
         raise ConfigError(f"ddplab: backend={backend!r} is not one ddplab knows. "
                           f"Use one of 'auto', 'gloo', 'nccl'.")
@@ -177,17 +183,17 @@ def attach(url_file: str | None = None, *, profile: str | None = None,
         import ipyparallel as ipp
         if url_file is not None:
             # A job script may attach while its controller is still writing the file.
-            deadline = time.monotonic() + spec.timeout
+            deadline = time.monotonic() + spec.start_timeout
             while not os.path.exists(url_file) and time.monotonic() < deadline:
                 time.sleep(0.2)
             if not os.path.exists(url_file):
                 raise ConfigError(f"ddplab: no connection file at {url_file} after "
-                                  f"{spec.timeout:g} s. Start the controller first (ipcluster "
+                                  f"{spec.start_timeout:g} s. Start the controller first (ipcluster "
                                   f"start / ipcontroller) and give its ipcontroller-client.json.")
             return ipp.Client(url_file)
         kwargs = {k: v for k, v in (("profile", profile), ("profile_dir", profile_dir),
                                     ("cluster_id", cluster_id)) if v is not None}
-        return ipp.Client(timeout=spec.timeout, **kwargs)
+        return ipp.Client(timeout=spec.start_timeout, **kwargs)
 
     order = [hoststart.address(h) for h in hosts_order]
     return _adopt(Lab(spec, engines=HostRanks(spec, connect=connect, host_order=order)))

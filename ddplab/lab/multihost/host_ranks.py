@@ -172,8 +172,8 @@ class HostRanks:
         self.running = True
         client = (self._launch.start(self.directory, self.spec) if self._launch is not None
                   else self._connect())
-        asked, timeout = self.spec.world_size, self.spec.timeout
-        client.wait_for_engines(asked or 1, timeout=max(timeout, 60), interactive=False)
+        asked, timeout = self.spec.world_size, self.spec.start_timeout
+        client.wait_for_engines(asked or 1, timeout=timeout, interactive=False)
         ids = sorted(client.ids)
         if asked and len(ids) < asked:
             client.close()
@@ -187,7 +187,7 @@ class HostRanks:
             info = {eid: r.get(timeout) for eid, r in probe.items()}
         except Exception as e:
             raise DdplabError(
-                f"ddplab: the engines did not answer within timeout={timeout:g} s ({e}). They may "
+                f"ddplab: the engines did not answer within start_timeout={timeout:g} s ({e}). They may "
                 f"be busy with an earlier group's collective. Restart them (ipcluster engines, or "
                 f"your job script) and attach again.") from e
         self._described = {eid: placing.Engine(eid, **d) for eid, d in info.items()}
@@ -200,7 +200,7 @@ class HostRanks:
         return self._joins()
 
     def _joins(self) -> Joins:
-        n, timeout, pg_timeout = self.world_size, self.spec.timeout, self.spec.pg_timeout
+        n, timeout, pg_timeout = self.world_size, self.spec.start_timeout, self.spec.pg_timeout
         master = self.placements[0].host
         port = self.apply([0], engine.open_store, master, n, pg_timeout)[0].get(timeout)
         joins = {}

@@ -55,6 +55,10 @@ _LAUNCHER_CLASS = {"ssh": "SSHEngineSetLauncher", "mpi": "MPIEngineSetLauncher",
 #: Engines we start exit after missing this many heartbeat checks of the controller (each its
 #: period + 0.5 s): a controller gone with its kernel takes them, and their job, along.
 ENGINE_MISSES = 10
+#: The least ipyparallel lets an engine on another host take to register (and the engine waits
+#: for the controller's answer), however short the start's own wait (``LabSpec.start_timeout``):
+#: a remote start (ssh, a batch queue) is slower than a fork here.
+REMOTE_ENGINE_TIMEOUT = 120
 _TETHERED = ["-m", "ddplab.rank.tether"]
 
 
@@ -142,7 +146,7 @@ class HostEngines:
             engines=classes[self.engines], n=spec.world_size, profile_dir=profile_dir,
             cluster_id="lab", log_level=logging.ERROR, controller_ip=self.listen,
             controller_location=self.location, delay=0,
-            engine_timeout=max(120, int(spec.timeout)),
+            engine_timeout=max(REMOTE_ENGINE_TIMEOUT, int(spec.start_timeout)),
             # ddplab stops what it started (stop()); ipyparallel's exit handler and its
             # cluster file would write into the lab's directory after it was removed.
             shutdown_atexit=False, cluster_file="",
@@ -195,7 +199,7 @@ class HostEngines:
         """Start the controller and the engines; a Client once all ``world_size`` registered.
 
         Raises ``DdplabError`` with the cause as soon as an engine, the job or
-        mpiexec ended (or ssh failed), and after ``max(timeout, 60)`` s otherwise.
+        mpiexec ended (or ssh failed), and after ``spec.start_timeout`` s otherwise.
         """
         self.cluster = cluster = self.configure(profile_dir, spec)
         n, client = spec.world_size, None
@@ -208,7 +212,7 @@ class HostEngines:
             except Exception as e:
                 raise DdplabError(f"ddplab: starting the {self.engines} engines failed: {e}") from e
             client = cluster.connect_client_sync()
-            self._wait_for_engines(client, n, max(spec.timeout, 60))
+            self._wait_for_engines(client, n, spec.start_timeout)
         except BaseException:
             if client is not None:
                 client.close()

@@ -10,7 +10,7 @@ holds the reference exercise's own lines, those outside its solution block
 (``%%ranks --timeout 15``, ``def my_ring(...):``), or, where it has none,
 the cell just above. A check cell found by none of these was deleted.
 ``plan`` lists the cells to run, the reference's copy in place of each check
-cell, a deleted check cell put back after its exercise, as ``Step``s that
+cell, a deleted check cell put back after its exercise, as ``CellRun``s that
 ``ddplab.grade.run`` runs and ``ddplab.grade.compare`` scores.
 """
 
@@ -26,7 +26,7 @@ from ..errors import GradeError
 
 
 @dataclass
-class Step:
+class CellRun:
     """One cell to run, and what came of it."""
     source: str
     role: str = "other"          # "exercise", "check" or "other"
@@ -41,7 +41,7 @@ class Step:
     seconds: float = 0.0         # how long it ran (its last run, when replayed)
 
 
-def describe(step: Step) -> str:
+def describe(step: CellRun) -> str:
     return f"cell {step.cell_id}" if step.cell_id else "a cell"
 
 
@@ -136,7 +136,7 @@ def load_submission(text: str):
         raise ValueError(f"valid JSON but not a notebook ({str(e).splitlines()[0]})") from e
 
 
-def plan(submission, found: list[Exercise], reference=None) -> tuple[list[Step], dict[str, str]]:
+def plan(submission, found: list[Exercise], reference=None) -> tuple[list[CellRun], dict[str, str]]:
     """The steps to run for a submission, and per exercise what is structurally wrong with it.
 
     ``reference``: the reference notebook; a submission that lost its ids and tags takes the
@@ -186,7 +186,7 @@ def plan(submission, found: list[Exercise], reference=None) -> tuple[list[Step],
         kind, ex = role.get(i, ("other", None))
         source = ex.check.source if kind == "check" else cell.source
         marked = tagged.get(_normal(cell.source), cell)
-        steps.append(Step(source, kind, ex.name if ex else "", cell.get("id", ""),
+        steps.append(CellRun(source, kind, ex.name if ex else "", cell.get("id", ""),
                           ex.exercise.source if kind == "exercise" and ex.exercise else "",
                           expect_error=_nbval_option(marked, "check_exception", "raises-exception"),
                           skip=kind == "other" and _nbval_option(marked, "skip", "nbval-skip")))
@@ -222,7 +222,7 @@ def _exercise_above(code: list, at: int, ex: Exercise, role: dict) -> int | None
     return None
 
 
-def _put_back_deleted_checks(steps: list[Step], found: list[Exercise]) -> None:
+def _put_back_deleted_checks(steps: list[CellRun], found: list[Exercise]) -> None:
     present = {s.name for s in steps if s.role == "check"}
     for ex in found:
         if ex.name in present:
@@ -233,4 +233,4 @@ def _put_back_deleted_checks(steps: list[Step], found: list[Exercise]) -> None:
             earlier = [i for i, s in enumerate(steps) if s.role == "check"
                        and [e.name for e in found].index(s.name) < found.index(ex)]
             after = earlier[-1] if earlier else len(steps) - 1
-        steps.insert(after + 1, Step(ex.check.source, "check", ex.name, ex.check.get("id", "")))
+        steps.insert(after + 1, CellRun(ex.check.source, "check", ex.name, ex.check.get("id", "")))
