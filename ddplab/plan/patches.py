@@ -2,7 +2,8 @@
 falls back to torch's own code where torch's internals are not as expected.
 
 - ``peak_only``: a memory tracker that keeps the rank's peak only (the stock one walks every
-  module on every op for per-module peaks the plan never reads);
+  module on every op for per-module peaks the plan never reads), and the most model states
+  (parameters, gradients, optimizer state) held at once;
 - ``real_meshes``: FSDP over tp joins two device meshes with tensor ops that fail under
   ``FakeTensorMode`` (torch 2.13): joined with fake mode off;
 - ``one_chunk_each``: FSDP2 makes world_size chunks of every parameter and keeps one; only the
@@ -17,22 +18,40 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-__all__ = ["Chunks", "one_chunk_each", "peak_only", "real_meshes"]
+__all__ = ["Chunks", "STATES", "one_chunk_each", "peak_only", "real_meshes"]
+
+# the tracker categories of parameters, gradients and optimizer state (MemTracker's, FSDPMemTracker's)
+STATES = frozenset({"Parameter", "Buffer", "Sharded Param", "Unsharded Param", "All Gather", "Gradient",
+                    "Sharded Grad", "Unsharded Grad", "Reduce Scatter", "Optstate", "OptState"})
 
 
-def peak_only(tracker: type) -> type:
-    """torch's tracker, keeping the rank's peak only. On every op the stock one also walks every
-    module for its own peak (``_update_peak_stats``): most of a 1B plan's time, for numbers the
-    plan never reads. Where torch's internals are not as expected, the stock tracker."""
+def peak_only(tracker: type, states: frozenset = frozenset()) -> type:
+    """torch's tracker, keeping the rank's peak only, and ``model_states``: the most bytes held
+    at once in the categories ``states`` (default: parameters, gradients, optimizer state). On
+    every op the stock one also walks every module for its own peak (``_update_peak_stats``):
+    most of a plan's time, for numbers the plan never reads. Where torch's internals are not
+    as expected, the stock tracker (and ``model_states`` 0)."""
     if not all(hasattr(tracker, name) for name in ("_update_peak_stats", "get_tracker_snapshot")):
         return tracker
+    names = states or STATES
 
     class PeakOnly(tracker):
+        model_states = 0
+
         def _update_peak_stats(self, peak_state: Any) -> None:
             for device, snapshot in self._curr_mem_snap.items():
                 if self._peak_mem.get(device, 0) < snapshot["Total"]:
                     self._peak_mem[device] = snapshot["Total"]
                     self._peak_mem_snap[device] = dict(snapshot)
+                held = sum(v for k, v in snapshot.items() if getattr(k, "value", k) in names)
+                self.model_states = max(self.model_states, held)
+
+        def reset_peak(self) -> None:
+            """Start a new peak (and ``model_states``) from what is held now: the next phase's."""
+            self._peak_mem = {device: snap["Total"] for device, snap in self._curr_mem_snap.items()}
+            self._peak_mem_snap = {device: dict(snap) for device, snap in self._curr_mem_snap.items()}
+            self.model_states = max((sum(v for k, v in snap.items() if getattr(k, "value", k) in names)
+                                     for snap in self._curr_mem_snap.values()), default=0)
 
     return PeakOnly
 
