@@ -41,7 +41,7 @@ from .hints import hint, solution
 from .lab import Lab, attach, current, start
 from .lab.magics import load_ipython_extension
 from .lab.scratch import scratch_folder
-from .plan import plan    # the function; its steps stay importable: ``from ddplab.plan import Config``
+from .plan import plan  # the function; its steps stay importable: ``from ddplab.plan import Config``
 from .rank.debugger import breakpoint
 from .show import Picture, show
 from .trace import Trace

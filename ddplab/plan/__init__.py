@@ -117,5 +117,6 @@ def plan(model: Any, world_sizes: Iterable[int] = (8, 64, 1024),
             rows.append(Row(s.name, n, memory, got["peak"],
                             step(s, config, n, got["flops"], got["parameters"], device, network),
                             got["source"], tokens=s.replicas(n) * config.batch * config.seq,
-                            model_states=got["model_states"], uncounted=got["uncounted"]))
+                            model_states=got["model_states"], uncounted=got["uncounted"],
+                            flops=got["flops"], parameters=got["parameters"]))
     return Plan(config, device, network, rows)

@@ -84,7 +84,6 @@ def register() -> None:
 def count(step: Callable[[], Any]) -> dict[str, Any]:
     """Run ``step()`` under ``FlopCounterMode``: {"flops": the total, "uncounted": the ops it
     ran that the counter has no formula for and that compute (sorted names)}."""
-    import torch
     from torch.utils import flop_counter
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -133,11 +132,11 @@ def stage(config: Any, pp: int = 1, virtual: int = 1, rank: int = 0) -> dict[str
 
 @cache
 def _stage(config: Any, pp: int, virtual: int, rank: int) -> dict[str, Any]:
-    from . import recompute, schedule
-    from .modules import build, loss
-
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from . import recompute, schedule
+    from .modules import build, loss
 
     blocks = len(schedule.layers_of(config.layers, pp, virtual, rank)) if pp > 1 else config.layers
     first, last = rank == 0, rank == pp - 1
@@ -156,7 +155,7 @@ def _stage(config: Any, pp: int, virtual: int, rank: int) -> dict[str, Any]:
                  torch.randn(sequences, config.seq, config.d_model, dtype=getattr(torch, small.dtype),
                              requires_grad=True))
 
-            def step() -> None:
+            def step(model: Any = model, x: Any = x, small: Any = small) -> None:
                 out = model(x)
                 (loss(out, small) if last else out.float().sum()).backward()
             counts.append(count(step))

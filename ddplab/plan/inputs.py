@@ -54,7 +54,8 @@ def world_sizes(value: Any) -> list[int]:
     sizes = [int(n) for n in sizes]
     twice = sorted({n for n in sizes if sizes.count(n) > 1})
     if twice:
-        raise ConfigError(f"ddplab.plan: world_sizes gives {', '.join(map(str, twice))} twice; give each once.")
+        raise ConfigError(f"ddplab.plan: world_sizes gives {', '.join(map(str, twice))} twice; "
+                          f"give each once.")
     return sizes
 
 
@@ -113,7 +114,13 @@ def output_path(path: str) -> str:
         raise ConfigError(f"ddplab.plan: {path!r} is a folder; give a file name such as plan.png.")
     if not os.path.isdir(folder):
         raise ConfigError(f"ddplab.plan: cannot save to {path!r}: the folder {folder!r} does not exist.")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise ConfigError(f"ddplab.plan: cannot save to {path!r}: it is not writable here; "
-                          f"give a path you may write, e.g. in your home folder.")
+    existed = os.path.exists(path)
+    try:                                 # asked by writing: os.access says yes to root even in /proc
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"ddplab.plan: cannot save to {path!r}: {e.strerror.lower()}; give a path "
+                          f"you may write, e.g. in your home folder.") from e
+    if not existed:
+        os.remove(path)
     return path

@@ -191,7 +191,9 @@ CONFIGS: dict[str, Config] = {
     "llama3.1-405b": _llama("llama3.1-405b", 126, 16384, 53248, seq=8192, batch=32, microbatch=4,
                             checkpointing="full"),
 }
-CONFIGS["llm-8b"] = CONFIGS["llama3.1-8b"].but(name="llm-8b")
+# the course's 8B: Llama 3.1 8B's shape, 8 sequences of 4K tokens (a 4-stage pipeline has micro-batches
+# enough to fill it: torch's 1F1B needs at least as many as stages)
+CONFIGS["llm-8b"] = CONFIGS["llama3.1-8b"].but(name="llm-8b", seq=4096, batch=8)
 
 
 def named(model: Any) -> Config:

@@ -138,7 +138,10 @@ class OnShards:
         with torch.no_grad():
             for p, local in self.pairs:
                 if local is not p:
-                    local.grad = None if p.grad is None else p.grad.to_local()
+                    grad = p.grad
+                    if grad is not None and grad.placements != p.placements:   # e.g. a replicated
+                        grad = grad.redistribute(p.device_mesh, p.placements)     # embedding's grad
+                    local.grad = None if grad is None else grad.to_local()
         self.inner.step()
 
     def zero_grad(self) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-__all__ = ["MasterWeights", "Precision", "RECIPES", "describe"]
+__all__ = ["Precision", "RECIPES", "describe", "master_weights_class"]
 
 
 @dataclass(frozen=True)
@@ -113,8 +113,3 @@ def master_weights_class() -> type:
 
     return MasterWeights
 
-
-def __getattr__(name: str) -> Any:
-    if name == "MasterWeights":
-        return master_weights_class()
-    raise AttributeError(name)

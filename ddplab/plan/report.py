@@ -30,12 +30,19 @@ class Row:
     tokens: int = 0                   # trained per step by all ranks: replicas x batch x seq
     model_states: int = 0             # the most parameters + gradients + optimizer state at once
     uncounted: list = field(default_factory=list)   # ops run that the flop counter had no formula for
+    flops: int = 0                    # what the step time was made from: FLOPs (a micro-batch's
+    parameters: int = 0               # under a pipeline) and the rank's stage's parameters
 
     @property
     def tokens_per_s(self) -> float:
         """What to compare strategies by at one world size: their steps train different
         global batches (tp and pp make fewer replicas, each as big)."""
         return self.tokens / self.step.total if self.step and self.step.total > 0 else 0.0
+
+    @property
+    def tokens_per_gpu(self) -> float:
+        """Tokens trained per second per rank (what torchtitan's TPS/GPU reports)."""
+        return self.tokens_per_s / self.world_size
 
     def fits(self, budget: float) -> bool:
         return self.error is None and self.peak <= budget
@@ -49,6 +56,32 @@ class Plan:
 
     def row(self, strategy: str, world_size: int) -> Row:
         return next(r for r in self.rows if (r.strategy, r.world_size) == (strategy, world_size))
+
+    def at_efficiency(self, efficiency: float) -> Plan:
+        """The same plan with another efficiency: the step times made again from each row's
+        FLOPs and parameters (no tracing). Calibrate it on one measured step, then read the
+        others: ``p.at_efficiency(p.calibrated(row, measured_tokens_per_gpu))``."""
+        from dataclasses import replace
+
+        from . import inputs
+        from .step import step
+        from .strategies import parse
+
+        device = replace(self.device, efficiency=inputs.efficiency(efficiency))
+        rows = [r if r.error else replace(r, step=step(parse(r.strategy), self.model, r.world_size,
+                                                       r.flops, r.parameters, device, self.network))
+                for r in self.rows]
+        return Plan(self.model, device, self.network, rows)
+
+    def calibrated(self, row: Row, tokens_per_gpu: float) -> float:
+        """The efficiency at which ``row`` trains ``tokens_per_gpu`` tokens per second per rank
+        (bisection on the step time, which falls as the efficiency rises)."""
+        low, high = 1e-4, 1.0
+        for _ in range(60):
+            middle = (low + high) / 2
+            got = self.at_efficiency(middle).row(row.strategy, row.world_size).tokens_per_gpu
+            low, high = (middle, high) if got < tokens_per_gpu else (low, middle)
+        return (low + high) / 2
 
     def table(self) -> str:
         gb = 1e9
@@ -88,9 +121,10 @@ class Plan:
     def __repr__(self) -> str:
         return self.table()
 
-    def advice(self) -> str:
-        """What does not fit the device's memory, and the fastest strategy that does, per size."""
-        budget, out = self.device.memory, []
+    def advice(self, budget: float | None = None) -> str:
+        """What does not fit ``budget`` bytes per rank (default: the device's memory), and the
+        fastest strategy that does, per size."""
+        budget, out = (self.device.memory if budget is None else budget), []
         for n in dict.fromkeys(r.world_size for r in self.rows):
             rows = [r for r in self.rows if r.world_size == n and not r.error]
             fitting = sorted((r for r in rows if r.fits(budget)), key=lambda r: -r.tokens_per_s)

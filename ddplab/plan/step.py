@@ -3,7 +3,8 @@
     step = compute + exposed communication + pipeline bubble
 
 ``compute`` is ``ddplab.plan.compute``'s (FLOPs / (peak × efficiency)), a third
-forward and two thirds backward; the FLOPs are one micro-batch's, times the micro-batches. Each strategy's collectives
+forward and two thirds backward; the FLOPs are one micro-batch's, times the micro-batches.
+Each strategy's collectives
 (``ddplab.plan.strategies``' table) are timed by the network's α-β model and
 then split into what hides behind compute and what is *exposed*:
 

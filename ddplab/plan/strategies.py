@@ -30,6 +30,10 @@ ppP        a send of the activations per micro-batch      mostly hidden; the bub
            between stages                                 (P-1)/(V·M) of the compute
 =========  ===========================================  ==========================
 
+Tensor parallelism composes with fsdp and zero2 only: torch's DDP and
+ZeroRedundancyOptimizer take plain tensors, not the DTensors ``parallelize_module``
+makes (such a row says so).
+
 Context parallelism (``cpC``) is read, and its rows say why the planner has no numbers for it: torch 2.13's
 ``context_parallel`` swaps in ring attention only for the GPU attention ops
 (``_scaled_dot_product_flash_attention``, ``_efficient_attention``, ``_cudnn_attention``);
@@ -82,6 +86,11 @@ class Strategy:
         layers, stages = config.layers, self.pp * self.virtual   # type: ignore[attr-defined]
         if self.cp > 1:
             return CP_WHY
+        if self.tp > 1 and self.data in ("ddp", "zero1"):
+            which = "DDP" if self.data == "ddp" else "ZeroRedundancyOptimizer"
+            return (f"torch's {which} takes plain tensors, "
+                    f"not tensor parallelism's DTensors (torchtitan refuses DDP with more than one "
+                    f"dimension): tp goes with fsdp or zero2")
         if self.replicas(world_size) == 0:
             return f"{world_size} ranks are not a multiple of tp*pp = {self.tp * self.pp}"
         if self.pp > 1 and layers < stages:
