@@ -38,7 +38,8 @@ def test_torchtitans_8b_fsdp_runs_against_their_reserved_memory():
     """torchtitan publishes the CUDA allocator's reserved peak; the planner counts the bytes torch
     allocates (its trackers), which the reserve holds plus its cache and fragmentation: planned /
     published is below 1, by the gap docs/plan.md states (0.81 and 0.84)."""
-    runs = [r for r in published.RUNS if r.source == published.TITAN and r.strategy == "fsdp" and not r.cannot]
+    runs = [r for r in published.RUNS
+            if r.source == published.TITAN and r.strategy == "fsdp" and not r.cannot]
     got = published.compare(runs, calibration=None, timeout=3000, say=lambda line: None)
     ratios = [round(g["memory_ratio"], 2) for g in got]
     assert [g["run"].world_size for g in got] == [8, 128]

@@ -41,7 +41,7 @@ from . import recompute, schedule
 from .models import Config
 from .modules import build, loss, stage
 from .parallelize import fully_shard_all, optimizer, tensor_parallel
-from .patches import one_chunk_each, peak_only, real_meshes
+from .patches import one_chunk_each, peak_only, propagation_apart, real_meshes
 from .precision import RECIPES
 from .strategies import Strategy
 
@@ -147,7 +147,8 @@ def _measure(config: Config, strategy: Strategy, world_size: int, rank: int,
     try:
         # rank 0's groups: its stage's replicas (dp) and the ranks that share its layers (tp)
         mesh = init_device_mesh("cpu", (pp, replicas, tp), mesh_dim_names=("pp", "dp", "tp"))
-        with FakeTensorMode(allow_non_fake_inputs=True):   # the mesh's rank table is real
+        # the mesh's rank table is real: fake tensors may meet it
+        with FakeTensorMode(allow_non_fake_inputs=True), propagation_apart():
             model = build(small, (recipe.master or recipe.param) if sharded else recipe.param)
             if keep is not None:
                 stage(model, keep, first, last)

@@ -7,7 +7,11 @@ falls back to torch's own code where torch's internals are not as expected.
 - ``real_meshes``: FSDP over tp joins two device meshes with tensor ops that fail under
   ``FakeTensorMode`` (torch 2.13): joined with fake mode off;
 - ``one_chunk_each``: FSDP2 makes world_size chunks of every parameter and keeps one; only the
-  chunks it reads are made (the same views), so a plan at 1,024 ranks costs what one at 8 does.
+  chunks it reads are made (the same views), so a plan at 1,024 ranks costs what one at 8 does;
+- ``propagation_apart``: DTensor works out an op's output shape by running it on fake tensors of
+  the *global* shape, in whatever fake mode is active: under the planner's, torch's tracker
+  counted those as the rank's (67 GB of a 70B model's loss under ``loss_parallel``). On a GPU
+  they are never allocated; here they run in a fake mode of their own, which the tracker skips.
 
 They run in the throwaway child process of ``ddplab.plan.memory.measure`` only, never in a
 notebook's kernel.
@@ -18,7 +22,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-__all__ = ["Chunks", "STATES", "one_chunk_each", "peak_only", "real_meshes"]
+__all__ = ["Chunks", "STATES", "one_chunk_each", "peak_only", "propagation_apart", "real_meshes"]
 
 # the tracker categories of parameters, gradients and optimizer state (MemTracker's, FSDPMemTracker's)
 STATES = frozenset({"Parameter", "Buffer", "Sharded Param", "Unsharded Param", "All Gather", "Gradient",
@@ -127,3 +131,27 @@ def one_chunk_each() -> Iterator[None]:
         yield
     finally:
         setattr(module, name, own)
+
+
+@contextmanager
+def propagation_apart() -> Iterator[None]:
+    """DTensor's shape propagation (``ShardingPropagator._propagate_tensor_meta_non_cached``) runs
+    its op on global-shape fake tensors in ``detect_fake_mode() or FakeTensorMode()``: under the
+    planner's fake mode that is the tracker's own mode, so the tracker counted them. Here it gets a
+    fake mode of its own (as on a GPU, where no fake mode is active), which the tracker skips.
+    Where torch's internals are not as expected, torch's own function."""
+    import importlib
+
+    module = importlib.import_module("torch.distributed.tensor._sharding_prop")
+    own = getattr(module, "detect_fake_mode", None)
+    if own is None:
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    apart = FakeTensorMode()
+    module.detect_fake_mode = lambda *args, **kwargs: apart
+    try:
+        yield
+    finally:
+        module.detect_fake_mode = own
