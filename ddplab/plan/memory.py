@@ -28,7 +28,9 @@ Where torch cannot do it, the number says what it comes from (``source``):
 
 - ddp: DDP's C++ reducer cannot hold fake tensors, so the local model is traced;
 - ppP: each end of the pipeline (rank 0, with the embedding, and the last rank, with
-  the head and the loss) is traced on one micro-batch; a rank keeps the activations
+  the head and the loss) is traced on one micro-batch (under fsdp two: one without
+  gradient sync, as torch's ``PipelineStage`` runs all but the last, its weights whole
+  and its unsharded gradients accumulating, then the last); a rank keeps the activations
   of several micro-batches alive (``ddplab.plan.schedule.in_flight``), so its
   activations are the traced ones times that; the row is the rank with the bigger peak.
 """
@@ -173,13 +175,26 @@ def _measure(config: Config, strategy: Strategy, world_size: int, rank: int,
             tracker = peak_only(_tracker_class(sharded))(*((model, hooked) if sharded else ()))
             if not sharded:
                 tracker.track_external(model, hooked)
+            # a pipeline stage under fsdp runs every micro-batch but the last without gradient sync
+            # (torch's PipelineStage: set_requires_gradient_sync(False), set_reshard_after_backward(
+            # False)): its weights stay whole and its unsharded gradients accumulate; then the last
+            # micro-batch reduce-scatters them. Traced as two micro-batches: one of each.
+            syncs = (False, True) if pp > 1 and sharded else (True,)
+            forward: dict[str, int] = {}
             with tracker:
                 with _loss_parallel(config, last, tp > 1):
-                    out = model(x)
-                    out = loss(out, config) if last else out
-                    forward = split(tracker.get_tracker_snapshot("current"))
-                    out.backward() if last else out.backward(torch.empty_like(out))
-                    del out
+                    for sync in syncs:
+                        if forward:                 # the tracker's per-module stats: one pass each
+                            tracker.reset_mod_stats()
+                        if len(syncs) > 1:
+                            for setting in ("set_requires_gradient_sync", "set_reshard_after_backward",
+                                            "set_is_last_backward"):
+                                getattr(model, setting)(sync)
+                        out = model(x)
+                        out = loss(out, config) if last else out
+                        forward = forward or split(tracker.get_tracker_snapshot("current"))
+                        out.backward() if last else out.backward(torch.empty_like(out))
+                        del out
                 through = split(tracker.get_tracker_snapshot("peak"))      # forward and backward's
                 through_states = getattr(tracker, "model_states", 0)
                 getattr(tracker, "reset_peak", lambda: None)()
