@@ -91,6 +91,20 @@ def test_reading_a_line_through_3_4_and_5_blocks_changes_no_byte(monkeypatch, st
     assert quick == whole
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [4, 64])
+def test_zero1_from_ddps_forward_and_its_own_step_is_its_whole_trace(world_size):
+    """zero1's forward and backward are ddp's with its optimizer state in place of ddp's; its
+    step traced alone: the same numbers as one trace of everything."""
+    config = LLAMA.but(layers=14, checkpointing="selective")
+    strategy = parse("zero1")
+    quick = memory.trace(config, strategy, world_size)
+    whole = memory._finish(memory._measure(config, strategy, world_size, 0, None), config, strategy, 0,
+                           "traced whole")
+    assert "forward and backward as ddp's" in quick.pop("source") and whole.pop("source")
+    assert quick == whole
+
+
 class OnDTensors:
     """The optimizer on the DTensor parameters themselves (what OnShards avoids)."""
 

@@ -37,6 +37,7 @@ Where torch cannot do it, the number says what it comes from (``source``):
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from . import recompute, schedule
@@ -89,26 +90,50 @@ SAMPLES = (3, 4, 5)        # blocks traced to fit a line (the first two) and che
 
 
 def _rank(config: Config, strategy: Strategy, world_size: int, rank: int) -> dict[str, Any]:
-    """Pipeline rank ``rank``'s numbers. Its blocks are identical, so each number (the peak of
-    forward and backward, the optimizer step's, the state, the activations) is a + b x blocks
-    once the first and last block are in place: traced with 3 and 4 blocks, the line is checked
-    against a trace with 5 (every number must fall on it, to the byte) and read at the rank's
-    count. Where it does not fall on the line, or ZeroRedundancyOptimizer's split by whole
-    parameters makes it depend on all of them, or the rank has few blocks, the rank is traced
-    whole."""
+    """Pipeline rank ``rank``'s row, from its numbers (``_numbers``)."""
+    numbers, how = _numbers(config, strategy, world_size, rank)
+    return _finish(numbers, config, strategy, rank, how)
+
+
+def _numbers(config: Config, strategy: Strategy, world_size: int, rank: int) -> tuple[dict, str]:
+    """Pipeline rank ``rank``'s flat numbers, and how they were had. Its blocks are identical,
+    so each number (the peak of forward and backward, the optimizer step's, the state, the
+    activations) is a + b x blocks once the first and last block are in place: traced with 3
+    and 4 blocks, the line is checked against a trace with 5 (every number must fall on it, to
+    the byte) and read at the rank's count. Where it does not fall on the line, or the rank has
+    few blocks, the rank is traced whole.
+
+    zero1: forward and backward are ddp's (the same local model, the same gradients), its
+    optimizer state in place of ddp's (it does not change while they run); the optimizer's step,
+    which ZeroRedundancyOptimizer's split by whole parameters makes depend on all of them, is
+    traced on the whole model (``tests/test_plan_memory.py`` checks this against a whole trace)."""
+    if strategy.data == "zero1":
+        local, how = _local(config, Strategy("ddp", strategy.tp, strategy.pp, strategy.virtual), rank)
+        step = _measure(config, strategy, world_size, rank, None, forward_backward=False)
+        numbers = dict(local)
+        change = step["state.optimizer"] - local["state.optimizer"]
+        for key in ("through.optimizer", "forward.optimizer", "through.states"):
+            numbers[key] += change
+        numbers.update({k: v for k, v in step.items() if k.startswith(("stepped.", "state."))})
+        return numbers, f"forward and backward as ddp's ({how}), the step traced whole"
     blocks = (len(schedule.layers_of(config.layers, strategy.pp, strategy.virtual, rank))
               if strategy.pp > 1 else config.layers)
     how = "traced whole"
-    if strategy.data != "zero1" and blocks > sum(SAMPLES):
+    if blocks > sum(SAMPLES):
         got = {k: _measure(config, strategy, world_size, rank, k) for k in SAMPLES}
         a, b, c = (got[k] for k in SAMPLES)
         if all(c[key] - b[key] == b[key] - a[key] for key in a):
-            numbers = {key: a[key] + (b[key] - a[key]) * (blocks - SAMPLES[0]) for key in a}
-            return _finish(numbers, config, strategy, rank,
-                           f"traced with {SAMPLES[0]} and {SAMPLES[1]} blocks, checked with "
-                           f"{SAMPLES[2]}, read at {blocks}")
+            return ({key: a[key] + (b[key] - a[key]) * (blocks - SAMPLES[0]) for key in a},
+                    f"traced with {SAMPLES[0]} and {SAMPLES[1]} blocks, checked with {SAMPLES[2]}, "
+                    f"read at {blocks}")
         how = f"traced whole ({SAMPLES} blocks did not fall on a line)"
-    return _finish(_measure(config, strategy, world_size, rank, None), config, strategy, rank, how)
+    return _measure(config, strategy, world_size, rank, None), how
+
+
+@cache
+def _local(config: Config, strategy: Strategy, rank: int) -> tuple[dict, str]:
+    """ddp's numbers (the local model's: the same at every world size), once per process."""
+    return _numbers(config, strategy, strategy.tp * strategy.pp, rank)
 
 
 def _finish(numbers: dict[str, int], config: Config, strategy: Strategy, rank: int,
@@ -129,9 +154,11 @@ def _finish(numbers: dict[str, int], config: Config, strategy: Strategy, rank: i
 
 
 def _measure(config: Config, strategy: Strategy, world_size: int, rank: int,
-             blocks: int | None) -> dict[str, int]:
+             blocks: int | None, forward_backward: bool = True) -> dict[str, int]:
     """One traced step of pipeline rank ``rank`` (``blocks``: a model of that many blocks with
-    the rank's ends; None: the rank's own layers), as flat numbers: ``phase.kind`` bytes."""
+    the rank's ends; None: the rank's own layers), as flat numbers: ``phase.kind`` bytes.
+    ``forward_backward=False``: the optimizer's step alone, the gradients there as backward
+    leaves them (the ``through`` and ``forward`` numbers are then what is held before it)."""
     import torch
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -171,15 +198,18 @@ def _measure(config: Config, strategy: Strategy, world_size: int, rank: int,
                 parameter.grad = torch.zeros_like(parameter)
             optim.step()
             optim.zero_grad()
+            if not forward_backward:                  # the gradients backward would leave
+                for parameter in model.parameters():
+                    parameter.grad = torch.zeros_like(parameter)
             hooked = getattr(optim, "inner", optim)       # the torch optimizer (OnShards' inner)
             tracker = peak_only(_tracker_class(sharded))(*((model, hooked) if sharded else ()))
-            if not sharded:
-                tracker.track_external(model, hooked)
+            if not sharded:     # ZeroRedundancyOptimizer keeps its state in its local .optim
+                tracker.track_external(model, hooked, *[o for o in [getattr(hooked, "optim", None)] if o])
             # a pipeline stage under fsdp runs every micro-batch but the last without gradient sync
             # (torch's PipelineStage: set_requires_gradient_sync(False), set_reshard_after_backward(
             # False)): its weights stay whole and its unsharded gradients accumulate; then the last
             # micro-batch reduce-scatters them. Traced as two micro-batches: one of each.
-            syncs = (False, True) if pp > 1 and sharded else (True,)
+            syncs = ((False, True) if pp > 1 and sharded else (True,)) if forward_backward else ()
             forward: dict[str, int] = {}
             with tracker:
                 with _loss_parallel(config, last, tp > 1):
@@ -195,6 +225,7 @@ def _measure(config: Config, strategy: Strategy, world_size: int, rank: int,
                         forward = forward or split(tracker.get_tracker_snapshot("current"))
                         out.backward() if last else out.backward(torch.empty_like(out))
                         del out
+                forward = forward or split(tracker.get_tracker_snapshot("current"))
                 through = split(tracker.get_tracker_snapshot("peak"))      # forward and backward's
                 through_states = getattr(tracker, "model_states", 0)
                 getattr(tracker, "reset_peak", lambda: None)()
