@@ -36,8 +36,8 @@ def measure(config: Config, cases: list[tuple[str, int]],
         by_strategy.setdefault(parse(strategy).name, []).append([parse(strategy).name, n])
     workers = max(1, min(len(os.sched_getaffinity(0)), 4, len(by_strategy)))
     shares: list[list] = [[] for _ in range(workers)]
-    for group in sorted(by_strategy.values(), key=_cost, reverse=True):
-        min(shares, key=lambda share: sum(_cost([case]) for case in share)).extend(group)
+    for group in sorted(by_strategy.values(), key=lambda g: _cost(config, g), reverse=True):
+        min(shares, key=lambda share: _cost(config, share)).extend(group)
     here = str(Path(__file__).resolve().parents[2])          # where this ddplab is imported from
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
     child = "import sys; from ddplab.plan.children import main; sys.exit(main(sys.argv[1:]))"
@@ -61,13 +61,22 @@ def measure(config: Config, cases: list[tuple[str, int]],
     return results
 
 
-def _cost(group: list) -> float:
-    """A rough share of the work: a ddp strategy's sizes are traced once; a pipeline traces
-    two ranks of 1/P of the layers."""
-    name = group[0][0]
-    strategy = parse(name)
-    cases = 1 if strategy.data == "ddp" else len(group)
-    return cases * (2 / strategy.pp if strategy.pp > 1 else 1.0)
+def _cost(config: Config, cases: list) -> float:
+    """A rough share of a child's work, from the CPU seconds cases took here (llm-8b, 2026-12):
+    a case about 1 (blocks read off a line), tp half again (DTensor), a pipeline 1.7 (two
+    ends, under fsdp two micro-batches each); ddp is traced once per child, and zero1 is
+    ddp's forward and backward (once per child) and a step of its own (0.3)."""
+    total, names = 0.0, set()
+    for name, _ in cases:
+        strategy = parse(name)
+        base = {"ddp", "zero1"} & {strategy.data}
+        if base and "local" not in names:
+            total, names = total + 1.0, names | {"local"}
+        if strategy.data == "ddp":
+            continue
+        total += 0.3 if strategy.data == "zero1" else (1.5 if strategy.tp > 1 else 1.0) * (
+            1.7 if strategy.pp > 1 else 1.0)
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:

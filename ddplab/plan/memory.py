@@ -107,6 +107,8 @@ def _numbers(config: Config, strategy: Strategy, world_size: int, rank: int) -> 
     optimizer state in place of ddp's (it does not change while they run); the optimizer's step,
     which ZeroRedundancyOptimizer's split by whole parameters makes depend on all of them, is
     traced on the whole model (``tests/test_plan_memory.py`` checks this against a whole trace)."""
+    if strategy.data == "ddp" and world_size != strategy.tp * strategy.pp:
+        return _local(config, strategy, rank)       # the same at every size: once per process
     if strategy.data == "zero1":
         local, how = _local(config, Strategy("ddp", strategy.tp, strategy.pp, strategy.virtual), rank)
         step = _measure(config, strategy, world_size, rank, None, forward_backward=False)
