@@ -62,7 +62,7 @@ def measure(config: Config, cases: list[tuple[str, int]],
 
 
 def _cost(config: Config, cases: list) -> float:
-    """A rough share of a child's work, from the CPU seconds cases took here (llm-8b, 2026-12):
+    """A rough share of a child's work, from the CPU seconds cases took here (llm-8b, 2026-11-28):
     a case about 1 (blocks read off a line), tp half again (DTensor), a pipeline 1.7 (two
     ends, under fsdp two micro-batches each); ddp is traced once per child, and zero1 is
     ddp's forward and backward (once per child) and a step of its own (0.3)."""
