@@ -125,7 +125,8 @@ def test_the_llama_configs_are_llama_31s_shapes():
 
 def test_plan_is_a_plain_function_and_takes_configs_not_modules():
     assert ddplab.plan is sys.modules["ddplab.plan"].plan and callable(ddplab.plan)
-    with pytest.raises(ConfigError, match="cannot plan for .*ddplab.plan.Config"):
+    with pytest.raises(ConfigError, match=r"cannot plan for .*Config\(layers=\.\.\., d_model=\.\.\.\) "
+                                          r"\(from ddplab.plan import Config\)"):
         ddplab.plan(object())
 
 

@@ -122,8 +122,9 @@ def test_timeout_is_a_positive_number(nothing_traced, value):
     refused(r"timeout is the seconds the tracing may take, a number > 0", timeout=value)
 
 
-@pytest.mark.parametrize("device, match", [("tpu9", r"no device named 'tpu9'"),
-                                           (42, r"device is a name \(h100, .*\) or a ddplab.plan.Device")])
+@pytest.mark.parametrize("device, match", [
+    ("tpu9", r"no device named 'tpu9'"),
+    (42, r"device is a name \(h100, .*\) or a Device \(from ddplab.plan import Device\)")])
 def test_devices_are_named_or_made(nothing_traced, device, match):
     refused(match, device=device)
 

@@ -88,7 +88,7 @@ def plan(model: Any, world_sizes: Iterable[int] = (8, 64, 1024),
         inputs.efficiency(device.efficiency)
     else:
         raise ConfigError(f"ddplab.plan: device is a name ({', '.join([*DEVICES, 'this-cpu'])}) or a "
-                                 f"ddplab.plan.Device; got {device!r}.")
+                                 f"Device (from ddplab.plan import Device); got {device!r}.")
     if isinstance(network, dict):
         network = Network.from_bench(network)
     elif isinstance(network, str):

@@ -208,6 +208,7 @@ def named(model: Any) -> Config:
             raise ConfigError(_unknown_keys(unknown))
         return Config(**model)
     raise ConfigError(f"ddplab.plan: cannot plan for {model!r}: give a model config, a name in "
-                      f"{', '.join(CONFIGS)} or a ddplab.plan.Config(layers=..., d_model=...). A "
+                      f"{', '.join(CONFIGS)} or a Config(layers=..., d_model=...) (from ddplab.plan "
+                      f"import Config). A "
                       f"built nn.Module is not taken: the planner builds the model itself, with no "
                       f"memory, under FakeTensorMode.")
