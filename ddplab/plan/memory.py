@@ -60,7 +60,6 @@ CATEGORIES = {
     "Activation": "activations", "Inputs": "activations",
     "Temp": "temporary", "Other": "temporary",
 }
-STATES = ("parameters", "gradients", "optimizer")
 
 
 def split(snapshot: dict) -> dict[str, int]:
