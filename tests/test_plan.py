@@ -244,3 +244,24 @@ def test_a_trace_with_fsdps_chunks_made_one_at_a_time_measures_the_same(monkeypa
     fast = memory.trace(TOY, parse("fsdp"), 16)
     monkeypatch.setattr(memory, "one_chunk_each", contextlib.nullcontext)
     assert memory.trace(TOY, parse("fsdp"), 16) == fast
+
+
+def test_a_plan_calibrated_on_one_measured_step_reads_the_others():
+    """at_efficiency re-times every row from its FLOPs (no tracing); calibrated finds the efficiency
+    at which one row trains what was measured."""
+    from ddplab.plan import Plan, Row
+
+    dev = Device("d", {"float32": 1e12}, 80e9, "test", efficiency=0.5)
+    net = Network.from_bench({"alpha": 1e-5, "beta": 1e-9})
+    rows = [Row(s, n, step=step(parse(s), TOY, n, 3e12, TOY.parameters, dev, net), flops=int(3e12),
+                parameters=TOY.parameters, tokens=n * TOY.batch * TOY.seq)
+            for s, n in (("ddp", 8), ("fsdp", 64))]
+    made = Plan(TOY, dev, net, rows)
+    measured = 0.8 * made.row("ddp", 8).tokens_per_gpu            # the real step was slower
+    efficiency = made.calibrated(made.row("ddp", 8), measured)
+    again = made.at_efficiency(efficiency)
+    assert again.row("ddp", 8).tokens_per_gpu == pytest.approx(measured, rel=1e-6)
+    assert efficiency < 0.5 and again.device.efficiency == efficiency
+    assert again.row("fsdp", 64).step.compute == pytest.approx(3.0 / efficiency)
+    with pytest.raises(ConfigError, match="Did you mean 0.40"):
+        made.at_efficiency(40)
