@@ -24,3 +24,14 @@ def replace_tracebacks(text: str, last_line: str, replacement: str) -> str:
                 out[start:] = [replacement + "\n"]
             start = None
     return "".join(out)
+
+
+def shorten(text: str, limit: int, where: str) -> str:
+    """``text`` if it has at most ``limit`` characters; else its start and its end, and a line
+    in between saying how much was left out and ``where`` the whole of it is."""
+    if len(text) <= limit:
+        return text
+    head, tail = text[:limit * 3 // 4], text[-(limit // 4):]
+    left = len(text) - len(head) - len(tail)
+    return f"{head}\n... ({left:,} characters left out here; the whole text is in {where}) ...\n{tail}"
+

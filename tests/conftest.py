@@ -36,6 +36,23 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(pytest.mark.netns)
         if str(item.path).endswith(".ipynb"):
             item.add_marker(pytest.mark.course)
+    _send_test_modules_by_value(items)
+
+
+def _send_test_modules_by_value(items) -> None:
+    """The functions a test sends to the ranks travel as a notebook cell's do: by value.
+
+    ddplab sends a function of an importable module by name (``ddplab.lab.shipping``)
+    and each rank imports the module; for a test module that means pytest, this
+    conftest and the suite's helpers, seconds on a fresh rank of a loaded machine,
+    inside the timeout a test may be measuring. What tests send stands for a
+    student's notebook functions; tests/test_fresh.py sends real modules' by name.
+    """
+    import cloudpickle
+
+    for module in {item.module for item in items if isinstance(item, pytest.Function)}:
+        if module.__name__.startswith("test_"):
+            cloudpickle.register_pickle_by_value(module)
 
 
 @pytest.fixture
@@ -168,10 +185,14 @@ def listening_addresses(pid: int) -> list[tuple[str, int]]:
 
 
 def fails(checker, *needles: str) -> str:
-    """Run a checker that must reject the answer; return its message after checking key words."""
-    with pytest.raises(AssertionError) as info:
+    """Run a checker that must reject the answer; return its message after checking key words.
+
+    Every rejection is the one kind of feedback (``ddplab.check.Feedback``), whose text has no
+    Python traceback in it: the student's own frames at most, never a stack of ddplab's."""
+    with pytest.raises(ddplab.check.Feedback) as info:
         checker()
     message = str(info.value)
+    assert "Traceback (most recent call last)" not in message, message
     for needle in needles:
         assert needle in message, message
     return message

@@ -7,7 +7,7 @@ from conftest import side_lab
 
 import ddplab
 from ddplab import algorithms
-from ddplab.check import allreduce as check
+from ddplab.check.nb06_build_all_reduce import methods as check
 
 pytestmark = pytest.mark.slow
 

@@ -2,10 +2,11 @@
 
 The zip is built from the hostile class's small reference (tests/hostile/attacks.py) and
 unpacked as Gradescope unpacks it; its `ddplab-src` is installed into a Python every user may
-run (the students' environment of tests/shared_env.py supplies the other packages), as its
-`setup.sh` installs it. Then, for each submission, its `run_autograder` runs as Gradescope runs
-it: as root, with no bubblewrap (`DDPLAB_SANDBOX=0`), the submission in `submission/`, the
-results read from `results/results.json`. Submissions run as `nobody`, a user without rights.
+run (the students' environment of tests/shared_env.py supplies a student's packages, pip the
+`grade` extra's nbval), as its `setup.sh` installs it. Then, for each submission, its
+`run_autograder` runs as Gradescope runs it: as root, with no bubblewrap (`DDPLAB_SANDBOX=0`),
+the submission in `submission/`, the results read from `results/results.json`. Submissions run
+as `nobody`, a user without rights.
 
 The scores must be what `ddplab grade --csv` gives the same submissions, the deserved scores of
 `tests/hostile/attacks.py` (tests/test_grade_hostile.py asserts them of `ddplab grade --csv`),
@@ -115,9 +116,12 @@ def _install_like_setup_sh(archive: Path, home: Path, env_prefix: Path) -> Path:
     deps = next(env_prefix.glob("lib/python3*/site-packages"))
     # After this venv's own site-packages: the zip's ddplab comes first, the shipped one never.
     (site / "deps.pth").write_text(f"import site; site.addsitedir({str(deps)!r})\n")
+    # With its dependencies, pinned by the zip's constraints, as setup.sh installs it: pip finds the
+    # students' environment's and adds what grading needs beyond a student's install (nbval).
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
-                    "--quiet", "--no-deps", "--no-build-isolation", "--no-compile",
-                    str(unpacked / "ddplab-src")], check=True, timeout=300, capture_output=True)
+                    "--quiet", "--no-build-isolation", "--no-compile",
+                    "-c", str(unpacked / "constraints.txt"), str(unpacked / "ddplab-src")],
+                   check=True, timeout=300, capture_output=True)
     return venv / "bin" / "python"
 
 

@@ -13,7 +13,12 @@ to answer every cell, and then checks the page itself:
 - no cell shows an error, except a cell tagged ``raises-exception`` (the
   deadlock demo), which must show the error the committed notebook shows.
 
-It saves screenshots under the test's tmp_path and prints their paths.
+It saves screenshots under the test's tmp_path and prints their paths. A student copy opened
+and not run shows no check result (no ``Correct``), only the outputs its own run would print.
+
+The learner's loop (issue 53) is walked too: a wrong answer and its check, where the page must
+show the check's feedback as one block (its headline, no ``Traceback``, none of ddplab's frames),
+then the answer fixed and run again, where it must show the check's pass line.
 
 Jupyter Notebook 7 gets the same walk through notebook 00 and the same live-output test: one
 server serves both, since ``jupyter lab`` also serves Notebook 7's pages (``/notebooks/<path>``)
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -264,6 +270,48 @@ def test_notebook_00_runs_in_notebook7_in_chromium(chromium, jupyter_lab, tmp_pa
          name="notebook7")
 
 
+# A student copy as it opens, before any cell ran: notebook 12 is untouched in the workspace.
+FRESH_NOTEBOOK = "12_build_ddp_zero_fsdp.ipynb"
+# What the open notebook shows: the model's outputs and the text drawn, per code cell.
+SHOWN_JS = """name => {
+  const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === name);
+  return panel.content.widgets.filter(cell => cell.model.type === 'code').map(cell => ({
+    id: cell.model.id, count: cell.model.executionCount,
+    outputs: JSON.stringify(cell.model.outputs.toJSON()),
+    drawn: (cell.node.querySelector('.jp-Cell-outputArea') || {textContent: ''}).textContent,
+  }));
+}"""
+
+
+@pytest.mark.timeout(OPEN_DEADLINE + 2 * SERVER_DEADLINE)
+def test_a_student_copy_shows_no_check_result_before_it_runs(chromium, jupyter_lab):
+    """Issue 53: the workspace's copy of a notebook, opened and not run, shows no `Correct` and
+    nothing computed from a solution (12's `your Zero1Adam` bytes), while its demos' outputs
+    that a stub run prints too are there."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS,
+                                             headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(OPEN_DEADLINE * 1000)
+            page.goto(f"{jupyter_lab.url}/{PAGES['jupyterlab']}/{FRESH_NOTEBOOK}?token={jupyter_lab.token}")
+            page.wait_for_function(KERNEL_IDLE_JS, arg=FRESH_NOTEBOOK, timeout=OPEN_DEADLINE * 1000)
+            cells = page.evaluate(SHOWN_JS, FRESH_NOTEBOOK)
+            shown = page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea'))"
+                                  ".map(n => n.textContent).join('\\n')")
+        finally:
+            browser.close()
+    assert "Correct" not in shown and not re.search(r"your Zero1Adam [\d,]+ B", shown), shown[-2000:]
+    graded = [c for c in cells if c["id"].startswith(("exercise-", "check-"))]
+    assert graded and all(c["outputs"] == "[]" and c["count"] is None for c in graded), graded
+    for cell in cells:
+        assert "Correct" not in cell["outputs"] + cell["drawn"], cell["id"]
+    drawn = [c["id"] for c in cells if c["drawn"].strip()]
+    assert "cell-03" in drawn, f"the demo before the first exercise lost its output: {drawn}"
+
+
 LIVE_NOTEBOOK = "live_output.ipynb"
 LIVE_CELL = ("%%ranks\nimport time\nfor i in range(12):\n"
              "    print(f'rank {rank} line {i}', flush=True)\n    time.sleep(0.5)")
@@ -336,3 +384,168 @@ def test_live_output_shows_while_the_cell_runs(chromium, jupyter_lab, front_end,
                 raise
         finally:
             browser.close()
+
+
+LOOP_NOTEBOOK = "feedback_loop.ipynb"
+LOOP_WRONG = "def swap(t):\n    other = 1 - rank          # the commonest slip: `rank` inside a function\n    return t"
+LOOP_RIGHT = ("def swap(t):\n    import torch.distributed as dist\n    other = 1 - dist.get_rank()\n"
+              "    received = torch.empty_like(t)\n"
+              "    requests = [dist.isend(t, dst=other), dist.irecv(received, src=other)]\n"
+              "    for request in requests:\n        request.wait()\n    return received")
+LOOP_PASS = "Correct: each rank returned the other rank's tensor and kept its own."
+# What the check cell's output area shows, as drawn, and the errors in its model.
+OUTPUT_JS = """name => {
+  const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === name);
+  const cell = panel.content.widgets[2];
+  return {text: cell.node.querySelector('.jp-OutputArea').innerText,
+          errors: cell.model.outputs.toJSON().filter(o => o.output_type === 'error').map(o => o.ename)};
+}"""
+# A student's edit of the answer cell, then Shift+Enter on it and on its check.
+FIX_JS = """([name, source]) => {
+  const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === name);
+  panel.content.widgets[1].model.sharedModel.setSource(source);
+  panel.content.activeCellIndex = 1;
+  return window.jupyterapp.commands.execute('notebook:run-cell-and-select-next').then(
+    () => window.jupyterapp.commands.execute('notebook:run-cell-and-select-next'));
+}"""
+
+
+@pytest.mark.timeout(RUN_DEADLINE + OPEN_DEADLINE + 2 * SERVER_DEADLINE)
+def test_a_wrong_answer_shows_its_feedback_and_the_fix_its_pass_line(chromium, jupyter_lab, tmp_path,
+                                                                    record_property, capsys):
+    """In JupyterLab: the check of a wrong answer shows the feedback block (headline first, no
+    Traceback, no frame of ddplab's checker code); fixed and run again, the check's pass line."""
+    from playwright.sync_api import sync_playwright
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import ddplab\nimport torch\n"
+                                          "lab = ddplab.start(world_size=2, backend='gloo', timeout=120)"),
+                nbformat.v4.new_code_cell(LOOP_WRONG),
+                nbformat.v4.new_code_cell("ddplab.check.swap_tensors(swap)")]
+    nb.metadata = {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                  "name": "python3"}}
+    nbformat.write(nb, str(jupyter_lab.workspace / LOOP_NOTEBOOK))
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS,
+                                             headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(OPEN_DEADLINE * 1000)
+            page.goto(f"{jupyter_lab.url}/{PAGES['jupyterlab']}/{LOOP_NOTEBOOK}?token={jupyter_lab.token}")
+            page.wait_for_function(KERNEL_IDLE_JS, arg=LOOP_NOTEBOOK, timeout=OPEN_DEADLINE * 1000)
+            try:
+                run_all_cells(page, LOOP_NOTEBOOK, RUN_DEADLINE)
+                wrong = page.evaluate(OUTPUT_JS, LOOP_NOTEBOOK)
+                assert wrong["errors"] == ["Feedback"], wrong
+                shown = wrong["text"]
+                assert shown.startswith("NameError: name 'rank' is not defined"), shown
+                assert "other = 1 - rank" in shown and "dist.get_rank()" in shown, shown
+                for frame in ("Traceback", "ddplab/check", "_core.py", "File \""):
+                    assert frame not in shown, f"the feedback shows {frame!r}:\n{shown}"
+                save_screenshots(page, tmp_path, record_property, capsys, name="loop-wrong")
+
+                page.evaluate(WATCH_KERNEL_JS, LOOP_NOTEBOOK)
+                page.evaluate(FIX_JS, [LOOP_NOTEBOOK, LOOP_RIGHT])
+                page.wait_for_function("() => window.ddplabRun.sent >= 2 && "
+                                       "window.ddplabRun.idle >= window.ddplabRun.sent",
+                                       timeout=RUN_DEADLINE * 1000)
+                fixed = page.evaluate(OUTPUT_JS, LOOP_NOTEBOOK)
+                assert fixed["errors"] == [] and fixed["text"].strip() == LOOP_PASS, fixed
+            except BaseException:
+                save_screenshots(page, tmp_path, record_property, capsys, failing=True, name="loop")
+                raise
+            save_screenshots(page, tmp_path, record_property, capsys, name="loop-fixed")
+        finally:
+            browser.close()
+
+
+
+# What a student's JupyterLab must not show (issue 57): nbgrader's plugins (its menu, the
+# Validate button, the Create Assignment panel...) and the announcements' news question.
+STUDENT_HIDDEN = ("@jupyter/nbgrader:assignment-list", "@jupyter/nbgrader:course-list",
+                  "@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:formgrader",
+                  "@jupyter/nbgrader:menu", "@jupyter/nbgrader:validate-assignment",
+                  "@jupyterlab/apputils-extension:announcements")
+STUDENT_PAGE_JS = """name => {
+  const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === name);
+  return {
+    plugins: window.jupyterapp.listPlugins(),
+    installed: JSON.parse(document.getElementById('jupyter-config-data').textContent)
+                   .federated_extensions.map(e => e.name),
+    toolbar: Array.from(panel.toolbar.node.querySelectorAll('button, .jp-ToolbarButtonComponent-label'))
+                  .map(n => (n.textContent || '') + ' ' + (n.title || '')).join(' | '),
+    sides: ['left', 'right'].flatMap(area => Array.from(window.jupyterapp.shell.widgets(area))
+                  .map(w => `${w.title.label} ${w.title.caption} ${w.id}`)),
+    toasts: Array.from(document.querySelectorAll('.Toastify__toast')).map(n => n.textContent),
+  };
+}"""
+
+
+@pytest.mark.timeout(OPEN_DEADLINE + 2 * SERVER_DEADLINE + 120)
+def test_make_labs_jupyterlab_shows_a_student_notebook_without_nbgrader_or_news(chromium, tmp_path,
+                                                                                  record_property, capsys):
+    """JupyterLab as ``make lab`` starts it, on a workspace ``ddplab notebooks`` made: the
+    workspace's settings (``JUPYTER_CONFIG_PATH``, ddplab/course/lab_settings.py) hide
+    nbgrader, which this environment (make test's profile) has installed, and the news question.
+    Nothing here pre-answers the question: the settings where lab_env answers it are left out."""
+    from playwright.sync_api import sync_playwright
+
+    from ddplab.course.lab_settings import CONFIG_FOLDER
+
+    workspace = tmp_path / "workspace"
+    subprocess.run([sys.executable, "-m", "ddplab", "notebooks", str(workspace)], check=True,
+                   capture_output=True, timeout=120)
+    env = lab_env(tmp_path / "jupyter")
+    env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp_path / "jupyter" / "student-settings")
+    env["JUPYTER_CONFIG_PATH"] = str(workspace / CONFIG_FOLDER)           # as the Makefile's lab
+    token = secrets.token_hex(24)
+    log = tmp_path / "jupyterlab.log"
+    command = [str(JUPYTER), "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0",
+               f"--IdentityProvider.token={token}", f"--notebook-dir={workspace}",
+               "--LabApp.expose_app_in_browser=True"] + (["--allow-root"] if os.getuid() == 0 else [])
+    started = my_process_tree()
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        server = Server(wait_for_server(proc, Path(env["JUPYTER_RUNTIME_DIR"]), token, log), token,
+                        workspace)
+        request = urllib.request.Request(f"{server.url}/formgrader",
+                                         headers={"Authorization": f"token {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                formgrader = response.status
+        except urllib.error.HTTPError as e:
+            formgrader = e.code
+        assert formgrader == 404, f"nbgrader's formgrader page is served (HTTP {formgrader})"
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS,
+                                                 headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                page.set_default_timeout(OPEN_DEADLINE * 1000)
+                page.goto(f"{server.url}/{PAGES['jupyterlab']}/{NOTEBOOK7}?token={token}")
+                page.wait_for_function(KERNEL_IDLE_JS, arg=NOTEBOOK7, timeout=OPEN_DEADLINE * 1000)
+                page.evaluate("() => window.jupyterapp.restored")
+                seen = page.evaluate(STUDENT_PAGE_JS, NOTEBOOK7)
+                try:
+                    assert "@jupyter/nbgrader" in seen["installed"], (
+                        f"nbgrader is not installed here, so this test shows nothing: run it in make "
+                        f"test's environment (the test profile). Installed: {seen['installed']}")
+                    shown = sorted(set(STUDENT_HIDDEN) & set(seen["plugins"]))
+                    assert not shown, f"a student's JupyterLab runs these plugins: {shown}"
+                    assert page.get_by_role("menuitem", name="Nbgrader").count() == 0
+                    assert "Validate" not in seen["toolbar"], seen["toolbar"]
+                    assert not [s for s in seen["sides"] if "assignment" in s.lower()], seen["sides"]
+                    assert not [t for t in seen["toasts"] if "news" in t.lower()], seen["toasts"]
+                    assert "Jupyter news" not in page.inner_text("body")
+                except BaseException:
+                    save_screenshots(page, tmp_path, record_property, capsys, failing=True, name="student")
+                    raise
+                save_screenshots(page, tmp_path, record_property, capsys, name="student")
+            finally:
+                browser.close()
+        for session in api(server, "api/sessions"):
+            api(server, f"api/sessions/{session['id']}", method="DELETE")
+    finally:
+        end_processes(proc, started)

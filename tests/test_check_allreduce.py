@@ -7,9 +7,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import all_reduce as sum_everywhere  # an alias bound before any check runs
 
-import ddplab
 from ddplab import algorithms
-from ddplab.check import allreduce as check
+from ddplab.check.nb06_build_all_reduce import methods as check
 
 pytestmark = pytest.mark.slow
 
@@ -166,7 +165,7 @@ def test_the_ring_check_rejects_whole_tensors_sent_round_the_ring(fresh_lab4):
         check.ring_all_reduce(whole_tensor_round_the_ring)
     message = str(info.value)
     assert "messages are not a ring's" in message
-    assert "rank 0 made 3 send(s); a ring makes 2(p-1) = 6" in message
+    assert "rank 0 made 3 send(s), 3 fewer than a ring's 2(p-1) = 6" in message   # made, expected, which way
     assert ("rank 0 sent messages of 16 elements; a ring moves chunks of 1/p of the tensor "
             "(4 of 16)") in message
 
@@ -189,8 +188,8 @@ def test_rejects_forgotten_all_gather(fresh_lab4):
     assert message.splitlines()[0] == (
         "ring_all_reduce is wrong on ranks 0, 1, 2 for shape=[1], dtype=float32, seed=0 "
         "(1 elements on 4 ranks, not a multiple of world_size); compared with dist.all_reduce.")
-    assert "  rank 0: 1 of 1 elements wrong" in message
-    assert "    element 0: expected " in message
+    assert "  rank 0: got 1 of 1 elements wrong" in message
+    assert "  rank 0, element 0: expected " in message
     assert "rank 3: " not in message
 
 
@@ -277,9 +276,9 @@ def test_a_deadlocked_ring_is_reported_within_the_check_timeout_with_a_hint(fres
         check.ring_all_reduce(ring_that_sends_first)
     took = time.monotonic() - start
     message = str(info.value)
-    assert "did not finish within 5 s: the ranks are waiting for each other (a deadlock)" in message
+    assert "did not finish: the ranks are waiting for each other (a deadlock)" in message
     assert "rank 0: still in send" in message
-    assert "Hint: a rank that sends with the blocking dist.send" in message
+    assert "Hint: every rank is waiting in send" in message        # the hint of what the lab saw
     assert "dist.isend" in message and "lab.restart()" in message
     assert took < 3 * check.DEADLOCK_TIMEOUT          # not the lab's 60 s
     fresh_lab4.restart()
@@ -300,9 +299,9 @@ def test_a_ring_deadlocked_while_its_messages_are_followed_says_so_within_the_ti
     message = str(info.value)
     fresh_lab4.restart()
     assert message.startswith("ring_all_reduce(tensor) on shape=[16], dtype=float32, its messages "
-                              "followed did not finish within 5 s: the ranks are waiting"), message
+                              "followed did not finish: the ranks are waiting"), message
     assert "rank 0: still in send" in message
-    assert "Hint: a rank that sends with the blocking dist.send" in message
+    assert "Hint: every rank is waiting in send" in message
     assert "lab.restart()" in message
 
 
@@ -366,23 +365,15 @@ def test_the_students_stub_fails_naming_the_case(fresh_lab):
     def stub(tensor):
         raise NotImplementedError()
 
-    with pytest.raises(AssertionError, match=r"ring_all_reduce raised on the case shape=\[1\], "
-                                               r"dtype=float32, seed=0 \(rank 0\): NotImplementedError"):
+    with pytest.raises(AssertionError, match=r"(?s)^NotImplementedError \(.*line \d+, in stub\), on "
+                                             r"ranks 0, 1\..*It raised while the check ran "
+                                             r"ring_all_reduce\(tensor\) on shape=\[1\], dtype=float32\."):
         check.ring_all_reduce(stub)
-    with pytest.raises(AssertionError) as info:
-        check.ring_all_reduce(stub)
-    assert "raised NotImplementedError, so it cannot be checked" in str(info.value).splitlines()[0]
 
 
 def test_not_a_function_is_refused_with_the_fix(fresh_lab):
     with pytest.raises(AssertionError, match=r"ddplab.check.ring_all_reduce\(my_ring_all_reduce\)"):
         check.ring_all_reduce(None)
-
-
-def test_checkers_are_exported():
-    for name in ("naive_all_reduce", "naive_all_reduce_collectives", "ring_all_reduce",
-                 "recursive_doubling_all_reduce"):
-        assert getattr(ddplab.check, name) is getattr(check, name)
 
 
 # ------------------------------------------------------------------------ tree
@@ -419,8 +410,8 @@ def test_tree_checker_rejects_right_sums_that_are_no_tree(fresh_lab4, wrong, why
         check.tree_all_reduce(wrong)
     message = str(info.value)
     assert message.startswith("tree_all_reduce sums correctly on 4 ranks, but its messages do not "
-                              "form a tree:"), message
-    assert why in message and "Hint: in round k" in message, message
+                              "form a tree.\n"), message
+    assert why in message and "Hint: reduce up a binomial tree" in message, message
 
 
 def test_tree_checker_rejects_wrong_sums(fresh_lab4):

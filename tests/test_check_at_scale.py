@@ -12,7 +12,7 @@ import math
 import pytest
 from conftest import fails
 
-from ddplab.check import at_scale as check
+from ddplab.check.nb15_at_scale import predictions as check
 
 
 def stub(*args):
@@ -154,11 +154,12 @@ def copied(p, batch, t):
 
 
 @pytest.mark.parametrize("wrong, named", [
-    (over_m, "(p-1)/(m+p-1)"), (at_most, "at most"), (any_m, "divide the batch"),
-    (never_none, "return None"), (copied, "Hint")])
+    (over_m, "the bubble over the *compute*, (p-1)/m"), (at_most, "at most"),
+    (any_m, "divide the batch"), (never_none, "return None"), (copied, "Hint")])
 def test_bubble_microbatches_names_the_mistake(wrong, named):
     message = fails(lambda: check.bubble_microbatches(wrong), named)
     assert "expected" not in message
+    assert "(m+p-1)" not in message and "batch % m" not in message   # never the answer's formula
 
 
 # ------------------------------------------------------- a replay

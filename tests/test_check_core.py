@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import ddplab
 from ddplab.check import _core
 
 
@@ -44,7 +45,8 @@ def test_values_on_ranks_names_missing_variable(fresh_lab):
     fresh_lab.run_cell("answer = rank * 2")
     assert _core.values_on_ranks("answer") == [0, 2]
     fresh_lab.run_cell("only_here = 1", ranks=[0])
-    with pytest.raises(AssertionError, match=r"no variable `only_here` on rank 1\. .*%%ranks"):
+    with pytest.raises(ddplab.check.Feedback,
+                       match=r"^no variable `only_here` on rank 1\.\nHint: run the exercise cell .*%%ranks"):
         _core.values_on_ranks("only_here")
 
 
@@ -58,3 +60,55 @@ def test_compare_spells_lists_of_tensors_readably():
         _core.compare("gathered", [[torch.tensor([0.0]), torch.tensor([1.0])]],
                       [[torch.tensor([0.0]), torch.tensor([0.0])]])
     assert "expected [[0.0] (float32), [1.0] (float32)]" in str(info.value)
+
+
+#: What a notebook module may export besides its checkers: a notebook's helpers and course content.
+NOT_CHECKERS = {"scores_of", "Mystery", "mystery"}
+
+
+@pytest.mark.parametrize("notebook", ddplab.check.NOTEBOOKS)
+def test_every_checker_is_public_under_its_own_name(notebook):
+    """One test for every notebook's module (it was one copy per module): each name it exports is
+    ``ddplab.check.<name>``, documented, and a ``@checker`` (its lab resolved once, by the decorator)."""
+    import importlib
+
+    module = importlib.import_module(f"ddplab.check.{notebook}")
+    assert module.__all__, notebook
+    for name in module.__all__:
+        assert getattr(ddplab.check, name) is getattr(module, name), name
+        assert getattr(module, name).__doc__, name
+        if name not in NOT_CHECKERS:
+            assert hasattr(getattr(module, name), "reads_trace"), f"{name} is not a @checker"
+
+
+def test_the_timeline_checkers_say_they_read_the_trace():
+    """The grader hands the last trace to these (``ddplab.grade.witness.asked``), and only these."""
+    reads = sorted(name for name in ddplab.check.__all__
+                   if getattr(getattr(ddplab.check, name), "reads_trace", False))
+    assert reads == ["ddp_all_reduces", "messages_per_rank", "straggler", "who_waited"]
+
+
+
+def test_checker_resolves_the_lab_once_and_names_the_fix_without_one(monkeypatch):
+    from ddplab.errors import DdplabError
+    from ddplab.lab import current_lab
+
+    seen = []
+
+    @_core.checker
+    def needs(answer, lab=None):
+        seen.append(lab)
+
+    @_core.checker(needs_lab=False)
+    def optional(answer, lab=None):
+        seen.append(lab)
+
+    monkeypatch.setattr(current_lab, "_current", None)
+    with pytest.raises(DdplabError, match="no lab is running. Start one with"):
+        needs(1)
+    optional(1)
+    given = object()
+    needs(1, given)                       # positional or keyword, the lab given is the lab used
+    needs(1, lab=given)
+    assert seen == [None, given, given]
+    assert needs.__wrapped__.__name__ == "needs" and needs.reads_trace is False

@@ -31,6 +31,8 @@ def test_store_barrier_accepts_a_right_barrier(fresh_lab, capsys):
         "Correct: the barrier waits for all 2 ranks, and times out when one is missing."
 
 
+@pytest.mark.exercise("store_barrier", "mistake", "counts itself in, never waits")
+@pytest.mark.exercise("store_barrier", "mistake", "releases before everyone arrived")
 @pytest.mark.slow
 @pytest.mark.parametrize("wrong", [no_wait_barrier, early_barrier])
 def test_store_barrier_rejects_a_barrier_that_does_not_wait(fresh_lab, wrong):
@@ -73,13 +75,17 @@ def test_global_rank_accepts_the_formula(capsys):
     (lambda node, local, nproc: node + local, "torchrun's workers is wrong on ranks 2, 3"),
     (lambda node, local, nproc: node * 2 + local, "3-node x 4-process job is wrong"),  # hard-coded 2
 ])
+@pytest.mark.exercise("global_rank", "mistake", "local * 2 + node")
+@pytest.mark.exercise("global_rank", "mistake", "node + local")
+@pytest.mark.exercise("global_rank", "mistake", "nproc hard-coded to 2")
 def test_global_rank_rejects_wrong_formulas(wrong, words):
     with pytest.raises(AssertionError, match=words):
         ddplab.check.global_rank(wrong, fake_two_node_launch())
 
 
 def test_global_rank_without_a_launch_says_what_to_run():
-    with pytest.raises(AssertionError, match="run the two-node torchrun cell"):
+    with pytest.raises(AssertionError,
+                       match="(?s)the two-node torchrun cell above has not run.*Hint: run it"):
         ddplab.check.global_rank(lambda *a: 0, None)
 
 
@@ -114,6 +120,9 @@ def no_port_env(*args):
     (local_world_env, "wrong on ranks 0, 1, 2, 3.*'WORLD_SIZE': '2'"),
     (no_port_env, "<missing>"),
 ])
+@pytest.mark.exercise("launcher_env", "mistake", "ints, not strings")
+@pytest.mark.exercise("launcher_env", "mistake", "WORLD_SIZE of one node")
+@pytest.mark.exercise("launcher_env", "mistake", "no MASTER_PORT")
 def test_launcher_env_rejects_wrong_envs(wrong, words):
     with pytest.raises(AssertionError, match=f"(?s){words}"):
         ddplab.check.launcher_env(wrong, fake_two_node_launch())
@@ -130,5 +139,7 @@ def test_global_rank_runs_the_function_on_rank_0_of_a_running_lab(fresh_lab, cap
     (ddplab.grade.witness); with no lab it runs here."""
     ddplab.check.global_rank(_formula_only_on_a_rank, fake_two_node_launch())
     assert capsys.readouterr().out.startswith("Correct: global rank = node_rank * nproc_per_node")
-    with pytest.raises(AssertionError, match=r"global_rank\(0, 0, 2\) raised ZeroDivisionError"):
+    with pytest.raises(AssertionError, match=r"(?s)^ZeroDivisionError: integer division or modulo by "
+                                             r"zero \(.*line \d+, in <lambda>\)\..*It raised when the "
+                                             r"check called global_rank\(0, 0, 2\)\."):
         ddplab.check.global_rank(lambda node, local, nproc: 1 // 0, fake_two_node_launch())

@@ -9,7 +9,7 @@ import pytest
 
 import ddplab
 from ddplab import launch
-from ddplab.check.multinode import NNODES, NPROC_PER_NODE, expected_printers
+from ddplab.check.nb07_multi_node import NNODES, NPROC_PER_NODE, expected_printers
 
 pytestmark = pytest.mark.slow
 
@@ -62,14 +62,15 @@ def test_who_prints_rejects_a_wrong_guard_with_its_hint(guard, wrong, words):
         ddplab.check.who_prints(dict(RIGHT, **{guard: wrong}))
     message = str(info.value)
     assert message.startswith("who_prints is wrong for 1 of 4 guards on 2 nodes x 3 processes")
-    assert f"if {guard}:" in message and f"got            {sorted(wrong)!r}" in message
+    assert f"  if {guard}: got {sorted(wrong)!r}   <-- wrong\n" in message, message
     assert words in message
+    assert "expected" not in message and repr(RIGHT[guard]) not in message   # never the ranks
 
 
 def test_who_prints_names_a_missing_key_and_the_unfilled_placeholder():
     with pytest.raises(AssertionError, match="no entry for 'rank == 0'"):
         ddplab.check.who_prints({k: v for k, v in RIGHT.items() if k != "rank == 0"})
-    with pytest.raises(AssertionError, match=r"got            Ellipsis"):
+    with pytest.raises(AssertionError, match=r"if rank == 0: got Ellipsis"):
         ddplab.check.who_prints(dict(RIGHT, **{"rank == 0": ...}))
 
 
@@ -89,19 +90,21 @@ def test_physical_gpu_accepts_the_visible_list_lookup(capsys):
 
 
 @pytest.mark.parametrize("wrong, case", [
-    (lambda index, visible: index, "physical_gpu(0, '2,3'): expected 2, got 0"),     # ignores it
+    (lambda index, visible: index, ("physical_gpu(0, '2,3')", "2", "0")),           # ignores it
     (lambda index, visible: right_physical_gpu(index, None if visible is None else
                                                ",".join(sorted(visible.split(",")))),
-     "physical_gpu(0, '1,0'): expected 1, got 0"),                                   # sorts it
+     ("physical_gpu(0, '1,0')", "1", "0")),                                          # sorts it
     (lambda index, visible: index if visible is None else int(visible.split(",")[index]),
-     "physical_gpu(2, '2,3'): expected None, got 'raised IndexError"),               # no bound
+     ("physical_gpu(2, '2,3')", "None", "'raised IndexError")),                      # no bound
 ])
 def test_physical_gpu_rejects(wrong, case):
     with pytest.raises(AssertionError, match=r"(?s)physical_gpu is wrong in \d of 9 cases.*Hint: "):
         ddplab.check.physical_gpu(wrong)
     with pytest.raises(AssertionError) as info:
         ddplab.check.physical_gpu(wrong)
-    assert case in str(info.value)
+    label, expected, got = case
+    pad = " " * len(label)
+    assert f"  {label}: expected {expected}\n  {pad}  got      {got}" in str(info.value), str(info.value)
 
 
 def test_physical_gpu_names_a_missing_function():

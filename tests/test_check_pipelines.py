@@ -14,9 +14,8 @@ import torch
 import torch.distributed as dist
 from conftest import fails
 
-import ddplab
 from ddplab import pipeline
-from ddplab.check import pipelines as check
+from ddplab.check.nb13_build_pipelines import schedules as check
 
 pytestmark = pytest.mark.slow
 
@@ -235,9 +234,6 @@ def bubble_forwards_only(events):
 
 
 # --------------------------------------------------------------------- the tests
-def test_checkers_are_exported():
-    for name in check.__all__:
-        assert getattr(ddplab.check, name) is getattr(check, name)
 
 
 def test_pipeline_forward_reference_passes(fresh_lab, capsys):
@@ -247,7 +243,8 @@ def test_pipeline_forward_reference_passes(fresh_lab, capsys):
 
 @pytest.mark.parametrize("checker", ["pipeline_forward", "gpipe", "one_f_one_b", "bubble_fraction"])
 def test_the_stub_fails_with_not_implemented(fresh_lab, checker):
-    fails(lambda: getattr(check, checker)(stub), "raised NotImplementedError")
+    message = fails(lambda: getattr(check, checker)(stub), "in stub)", "It raised ")
+    assert message.startswith("NotImplementedError ("), message
 
 
 @pytest.mark.parametrize("checker, answer", [("pipeline_forward", "forward_with_pipeline_stage"),
@@ -274,7 +271,7 @@ def test_pipeline_forward_skipping_a_stage_named_and_the_stuck_lab_restarted(fre
 
 def test_pipeline_forward_missing_wait_named(fresh_lab):
     fails(lambda: check.pipeline_forward(forward_without_wait), "a missing wait",
-          "rank 1: dist.irecv(src=0) never waited on")
+          "rank 1: got dist.irecv(src=0) never waited on")
 
 
 def test_gpipe_reference_passes(fresh_lab, capsys):
@@ -324,7 +321,7 @@ def test_one_f_one_b_deadlock_reported_within_the_check_timeout_naming_rank_and_
     monkeypatch.setattr(check, "TIMEOUT", 5.0)      # the shortest that still shows the hang
     start = time.monotonic()
     message = fails(lambda: check.one_f_one_b(deadlocked),
-                    "did not finish within 5 s", "(a deadlock)", f"rank 0: still in {op}",
+                    "did not finish: the ranks are waiting", "(a deadlock)", f"rank 0: still in {op}",
                     f"rank 1: still in {op}", "Hint:", "The check restarted the lab")
     took = time.monotonic() - start
     assert took < 3 * check.TIMEOUT, took          # the check's timeout, not the lab's
@@ -380,7 +377,8 @@ def pipeline_forward_computed_alone(stage, micro_batch):
 
 def test_pipeline_forward_computed_by_each_rank_alone_does_not_pass(fresh_lab):
     fails(lambda: check.pipeline_forward(pipeline_forward_computed_alone),
-          "pipeline_forward: rank 1 returned [3, 8], not the output of stages 0..1")
+          "pipeline_forward: rank 1 did not return the output of stages 0..1",
+          "  rank 1: got 24 of 24 elements differ")     # its values against the reference, not a shape
 
 
 _ALONE = {}

@@ -6,15 +6,9 @@ import pytest
 from conftest import side_lab
 
 import ddplab
-from ddplab.check import setup
+from ddplab.check import nb03_init_methods_and_launchers as setup
 
 pytestmark = pytest.mark.slow
-
-
-def test_every_checker_is_public():
-    for name in setup.__all__:
-        assert getattr(ddplab.check, name) is getattr(setup, name)
-        assert getattr(setup, name).__doc__
 
 
 RIGHT = """
@@ -27,7 +21,7 @@ mean_score = sums[:1] / sums[1]
 
 def _prepare(lab):
     lab.run_cell("import torch, torch.distributed as dist\n"
-                 "from ddplab.check.setup import scores_of as ddplab_scores")
+                 "from ddplab.check.nb00_setup import scores_of as ddplab_scores")
 
 
 def test_mean_score_passes_the_right_answer(fresh_lab, capsys):
@@ -40,22 +34,30 @@ def test_mean_score_passes_the_right_answer(fresh_lab, capsys):
     ddplab.check.mean_score()
 
 
+@pytest.mark.exercise("mean_score", "mistake", "the mean of the ranks' means")
 def test_mean_score_rejects_the_mean_of_means_and_names_the_fix(fresh_lab):
     _prepare(fresh_lab)
     fresh_lab.run_cell("mean_score = ddplab_scores(rank).mean().reshape(1)\n"
                        "dist.all_reduce(mean_score)\nmean_score /= world_size")
-    with pytest.raises(AssertionError, match=r"(?s)mean_score is wrong on ranks 0, 1.*"
-                       r"expected \[2.1666.*got +\[2.0\].*mean of the ranks' means"):
+    with pytest.raises(ddplab.check.Feedback,
+                       match=r"(?s)^mean_score holds the mean of the ranks' means, not the mean of all "
+                             r"scores, on ranks 0, 1\..*expected the mean of all 6 scores.*"
+                             r"got +\[2.0\].*mean of the ranks' means is not the answer") as info:
         ddplab.check.mean_score()
+    assert "2.1666" not in str(info.value)          # the answer is never shown
 
 
+@pytest.mark.exercise("mean_score", "mistake", "each rank's own mean, never reduced")
 def test_mean_score_without_all_reduce_is_wrong(fresh_lab):
     _prepare(fresh_lab)
     fresh_lab.run_cell("mean_score = ddplab_scores(rank).mean().reshape(1)")
-    with pytest.raises(AssertionError, match=r"(?s)wrong on ranks 0, 1.*got +\[1.5\]"):
+    with pytest.raises(ddplab.check.Feedback,
+                       match=r"(?s)^mean_score holds the rank's own mean only \(nothing was reduced "
+                             r"across ranks\) on ranks 0, 1.*got +\[1.5\].*got +\[2.5\]"):
         ddplab.check.mean_score()
 
 
+@pytest.mark.exercise("mean_score", "stub")
 def test_mean_score_missing_names_the_variable(fresh_lab):
     fresh_lab.restart()
     with pytest.raises(AssertionError, match="no variable `mean_score` on ranks 0, 1"):
@@ -74,9 +76,10 @@ TCP = ("import torch.distributed as dist\n"
        "rank=rank, world_size=2)")
 
 
+@pytest.mark.exercise("tcp_group", "stub")
 def test_tcp_group_not_joined_names_the_ranks(bare):
     bare.restart()
-    with pytest.raises(AssertionError, match=r"ranks 0, 1 have not joined a group.*tcp://"):
+    with pytest.raises(ddplab.check.Feedback, match=r"(?s)^ranks 0, 1 have not joined a group.*tcp://"):
         setup.tcp_group(lab=bare)
 
 
@@ -88,6 +91,7 @@ def test_tcp_group_passes_a_tcp_group(bare, capsys):
         "Correct: the 2 ranks joined one group over tcp://, each with its own rank.\n")
 
 
+@pytest.mark.exercise("tcp_group", "mistake", "env:// and torchrun's variables instead of tcp://")
 def test_tcp_group_rejects_env(bare):
     bare.restart()
     bare.run_cell("import os, torch.distributed as dist\n"
@@ -99,6 +103,7 @@ def test_tcp_group_rejects_env(bare):
         setup.tcp_group(lab=bare)
 
 
+@pytest.mark.exercise("tcp_group", "mistake", "rank and world_size swapped")
 def test_tcp_group_rejects_swapped_ranks(bare):
     bare.restart()
     bare.run_cell(TCP.replace("rank=rank", "rank=1 - rank"))

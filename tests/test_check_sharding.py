@@ -61,14 +61,17 @@ def test_epoch_orders_accepts_set_epoch(fresh_lab, capsys):
     (("    sampler.set_epoch(epoch)\n", ""), "every epoch has the same order: call sampler.set_epoch"),
     (("set_epoch(epoch)", "set_epoch(0)"), "every epoch has the same order"),
     (("set_epoch(epoch)", "set_epoch(epoch - start_epoch)"), "these are the orders of epochs 0-2"),
-    (("seed=0", "seed=rank"), "use DistributedSampler"),
+    (("seed=0", "seed=rank"), "an uninterrupted run's sampler"),
     (("shuffle=True", "shuffle=False"), "the indices come in order, unshuffled"),
 ])
 def test_epoch_orders_rejects(fresh_lab, edit, hint):
     fresh_lab.run_cell(RIGHT_LOOP.replace(*edit))
     with pytest.raises(AssertionError,
-                       match=rf"(?s)orders \(the indices of epochs 5..7\) is wrong.*Hint: {hint}"):
+                       match=rf"(?s)orders \(the indices of epochs 5..7\) is wrong.*Hint: {hint}") as info:
         ddplab.check.epoch_orders()
+    # The orders are the answer: the table says which were expected, never what they are.
+    assert "expected the orders of epochs 5..7 of an uninterrupted run\n" in str(info.value)
+    assert str(info.value).count("expected") == str(info.value).count("expected the orders")
 
 
 def test_epoch_orders_names_a_missing_variable(fresh_lab):

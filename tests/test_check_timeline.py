@@ -13,7 +13,6 @@ import pytest
 
 import ddplab
 from ddplab import trace as tracing
-from ddplab.check import timeline
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +33,9 @@ def never_tells(message: str, *truths: str) -> None:
     assert not re.search(r"\d+(\.\d+)? ?m?s\b", message), message
 
 
-def test_checkers_are_public_under_their_own_names():
-    for name in timeline.__all__:
-        assert getattr(ddplab.check, name) is getattr(timeline, name)
-        assert getattr(timeline, name).__doc__
-
-
+@pytest.mark.exercise("straggler", "mistake", "a rank that itself waited")
+@pytest.mark.exercise("straggler", "mistake", "a rank the trace does not have")
+@pytest.mark.exercise("straggler", "bypass")
 def test_straggler_follows_the_run_not_a_stored_answer(fresh_lab4, capsys):
     with fresh_lab4.trace():
         fresh_lab4.run(tracing.uneven_work)            # the exercise's run: rank 2 works longest
@@ -65,6 +61,8 @@ def test_straggler_needs_a_wait_to_find(fresh_lab4):
     fails(ddplab.check.straggler, 0, "no rank waited")
 
 
+@pytest.mark.exercise("who_waited", "mistake", "a send that never waited", cell="check-who-waited")
+@pytest.mark.exercise("who_waited", "mistake", "a call the rank never made", cell="check-who-waited")
 def test_who_waited_right_and_wrong(fresh_lab):
     with fresh_lab.trace() as tr:
         fresh_lab.run_cell("import time\nt = torch.ones(2)\ndist.barrier()\nif rank == 0:\n"
@@ -99,13 +97,41 @@ def test_messages_per_rank_counts_the_rings_sends(fresh_lab4, capsys):
         fresh_lab4.run(ring)
     ddplab.check.messages_per_rank(6)                  # 2(p - 1) for p = 4
     assert capsys.readouterr().out == "Correct: each rank sent 6 messages.\n"
-    for wrong, why in ((3, "that is too few"), (7, "that is too many"),
-                       (12, "that counts the receives too"),
-                       (24, "that is every rank's messages together")):
+    # Issue 64: a count that is off says the count given and which way it is off ("did not send
+    # 6: that is too many" said neither), never the traced count or the gap: either is the answer.
+    for wrong, way in ((3, "fewer"), (7, "more"), (12, "more"), (24, "more")):
         message = fails(ddplab.check.messages_per_rank, wrong,
-                        f"each rank did not send {wrong} message(s) in the traced run: {why}",
-                        "Hint: count the arrows leaving one rank's lane")
-        never_tells(message, "6")
+                        f"your count, {wrong}, is {way} than the messages each rank sent in the "
+                        f"traced run", "Hint: count the arrows leaving one rank's lane")
+        for rank in range(4):
+            assert f"rank {rank}: got {wrong} (too {'few' if way == 'fewer' else 'many'})" in message
+        never_tells(message, "6")           # the traced count; the gap is in no number either
+        assert "did not send" not in message and "not a plain ring" not in message
+    assert "that counts the receives too" in fails(ddplab.check.messages_per_rank, 12)
+    assert "that is every rank's messages together" in fails(ddplab.check.messages_per_rank, 24)
+
+
+def test_messages_per_rank_of_a_ring_that_sends_extra_says_so_without_the_count(fresh_lab4):
+    """Issue 64's case: the ring's cell ran more than a ring (one extra message per rank), and a
+    count right for a ring was refused with "did not send 6 ... too many"."""
+    from ddplab.algorithms import ring_all_reduce
+
+    def ring_and_one_more():
+        import torch
+        import torch.distributed as dist
+        rank, size = dist.get_rank(), dist.get_world_size()
+        out = ring_all_reduce(torch.ones(64))
+        extra = dist.isend(torch.ones(1), (rank + 1) % size)
+        dist.recv(torch.zeros(1), (rank - 1) % size)
+        extra.wait()
+        return out
+
+    with fresh_lab4.trace():
+        fresh_lab4.run(ring_and_one_more)
+    message = fails(ddplab.check.messages_per_rank, 6,
+                    "your count, 6, is fewer than the messages each rank sent in the traced run",
+                    "the traced run is not a plain ring: each rank sent more messages than a ring's")
+    never_tells(message, "7")
 
 
 def _ddp_backward(steps, cap):
@@ -128,15 +154,16 @@ def test_ddp_all_reduces_counts_the_buckets_of_the_last_backward(fresh_lab, caps
     assert count >= 2
     ddplab.check.ddp_all_reduces(count)
     assert capsys.readouterr().out.startswith(f"Correct: DDP issued {count} bucket all_reduce(s)")
-    message = fails(ddplab.check.ddp_all_reduces, count + 1, f"DDP did not issue {count + 1} "
-                    "all_reduce(s) during the last backward on rank 0: that is too many", "purple")
+    message = fails(ddplab.check.ddp_all_reduces, count + 1, f"{count + 1} all_reduce(s) is not what "
+                    "DDP issued during the last backward: DDP issued fewer during the last backward "
+                    "on rank 0", "purple")
     never_tells(message, str(count))
     every = len([e for e in trace.on(0) if e.source == "torch" and e.op == "all_reduce"])
     message = fails(ddplab.check.ddp_all_reduces, every, "counts the all_reduces of every backward")
     never_tells(message, str(count))
     with fresh_lab.trace():                    # one big bucket: the same answer is now wrong
         fresh_lab.run(_ddp_backward, 3, 25)
-    message = fails(ddplab.check.ddp_all_reduces, count, "that is too many")
+    message = fails(ddplab.check.ddp_all_reduces, count, "DDP issued fewer")
     never_tells(message, "1")
     with fresh_lab.trace():
         fresh_lab.run_cell("x = 1")
@@ -147,4 +174,4 @@ def test_every_checker_says_to_trace_first(fresh_lab, monkeypatch):
     monkeypatch.setattr(tracing.record, "_last", None)
     for checker, answer in ((ddplab.check.straggler, 0), (ddplab.check.who_waited, (0, "send")),
                             (ddplab.check.ddp_all_reduces, 1), (ddplab.check.messages_per_rank, 1)):
-        fails(checker, answer, "Run that cell first", "lab.trace()")
+        fails(checker, answer, "Hint: run that cell first", "lab.trace()")

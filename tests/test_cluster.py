@@ -76,6 +76,22 @@ def fail_on_rank_one():
     return "fine"
 
 
+def _raise_a_huge_message():
+    raise ValueError("x" * 10_000_000)
+
+
+def test_a_huge_error_message_is_cut_in_the_notebook_and_kept_whole_in_failures(fresh_lab):
+    from ddplab.lab.calls import ERROR_CHARS
+
+    with pytest.raises(ddplab.RankError) as info:
+        fresh_lab.run(_raise_a_huge_message)
+    message = str(info.value)
+    assert len(message) < 2 * ERROR_CHARS + 1000, len(message)      # not 2 x 10 MB
+    assert "characters left out here; the whole text is in the error's .failures[1]" in message
+    assert message.count("Traceback (most recent call last):") == 2          # each rank's start
+    assert all(len(text) > 10_000_000 for text in info.value.failures.values())
+
+
 def test_exception_on_a_rank_raises_rank_error_with_its_traceback(fresh_lab):
     with pytest.raises(ddplab.RankError) as info:
         fresh_lab.run(fail_on_rank_one)

@@ -1,6 +1,7 @@
 """The notebooks that ship with ddplab: `ddplab notebooks`, the workspace, hint and solution."""
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,8 +29,8 @@ def test_a_checkout_reads_its_own_notebooks_folder():
 
 
 def test_student_versions_are_copied_and_never_overwritten(tmp_path):
-    written, kept = copy_notebooks(tmp_path / "ws")
-    assert sorted(p.name for p in written) == NOTEBOOKS and kept == []
+    written, kept, refused = copy_notebooks(tmp_path / "ws")
+    assert sorted(p.name for p in written) == NOTEBOOKS and kept == [] and refused == []
     setup = nbformat.read(tmp_path / "ws" / "00_setup.ipynb", as_version=4)
     exercise = next(c for c in setup.cells if c.id == "exercise-mean-score")
     assert "NotImplementedError" in exercise.source and "all_reduce" not in exercise.source
@@ -37,9 +38,49 @@ def test_student_versions_are_copied_and_never_overwritten(tmp_path):
     exercise.source = "%%ranks\nmean_score = 'my own attempt'"
     nbformat.write(setup, tmp_path / "ws" / "00_setup.ipynb")
     (tmp_path / "ws" / "02_collectives.ipynb").unlink()            # and one notebook is new
-    written, kept = copy_notebooks(tmp_path / "ws")
+    written, kept, _ = copy_notebooks(tmp_path / "ws")
     assert [p.name for p in written] == ["02_collectives.ipynb"] and len(kept) == len(NOTEBOOKS) - 1
     assert "my own attempt" in (tmp_path / "ws" / "00_setup.ipynb").read_text()
+
+
+def test_a_bad_entry_in_the_workspace_is_reported_and_the_other_notebooks_still_written(tmp_path):
+    """Issue 58: a dangling link aborted the whole copy, the notebooks after it never written; and
+    writing through it would have put a notebook wherever the link pointed."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "01_point_to_point.ipynb").symlink_to(tmp_path / "gone" / "01.ipynb")     # a dangling link
+    (ws / "02_collectives.ipynb").mkdir()                                           # a folder
+    written, kept, refused = copy_notebooks(ws)
+    assert sorted(p.name for p in written) == [n for n in NOTEBOOKS if n not in
+                                               ("01_point_to_point.ipynb", "02_collectives.ipynb")]
+    assert kept == [] and len(refused) == 2
+    assert "01_point_to_point.ipynb is a link to" in refused[0] and "which does not exist" in refused[0]
+    assert f"rm {ws / '01_point_to_point.ipynb'}" in refused[0]
+    assert "02_collectives.ipynb is a folder, not a notebook" in refused[1]
+    assert not (tmp_path / "gone").exists() and (ws / "01_point_to_point.ipynb").is_symlink()
+    result = subprocess.run([sys.executable, "-m", "ddplab", "notebooks", str(ws)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stderr.count("ddplab notebooks: not copied: ") == 2
+    assert result.stdout.count("kept ") == len(NOTEBOOKS) - 2
+
+
+@pytest.mark.parametrize("dest, words", [
+    ("/proc/nope", ["cannot make the folder /proc/nope: /proc does not let you make folders in it"]),
+    ("afile", ["afile is a file; the notebooks go into a folder", "ddplab notebooks afile-course"]),
+    ("afile/sub", ["cannot make the folder afile/sub: afile is a file"]),
+    ("link", ["link is a link to", "which does not exist. Make that folder"]),
+])
+def test_a_destination_that_cannot_be_a_folder_is_one_line_with_the_fix(tmp_path, dest, words):
+    """Issue 58: `ddplab notebooks /proc/nope` and `ddplab notebooks afile` gave bare errnos."""
+    (tmp_path / "afile").write_text("not a folder\n")
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    result = subprocess.run([sys.executable, "-m", "ddplab", "notebooks", dest], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1 and "Errno" not in result.stderr
+    for word in words:
+        assert word in result.stderr, result.stderr
+    assert not (tmp_path / "nowhere").exists()
 
 
 @pytest.mark.slow
@@ -73,12 +114,55 @@ def test_hint_then_solution_from_a_cell(capsys):
     assert "dist.send" in solution and "dist.recv" in solution and "def ping_pong" in solution
 
 
-def test_an_unknown_exercise_names_the_known_ones():
+def test_an_old_spelling_finds_the_exercise_and_a_near_miss_gets_did_you_mean():
+    assert ddplab.hints.hint_text("global_mean").startswith("Hint for global-mean (02_collectives")
+    assert ddplab.hints.hint_text("Ping Pong").startswith("Hint for ping-pong (")
+    assert ddplab.hints.hint_text("exercise-bf16_hook").startswith("Hint for bf16-hook (")
     with pytest.raises(CourseError) as info:
         ddplab.solution("ping_pong_typo")
     message = str(info.value)
-    assert "no exercise named 'ping_pong_typo'" in message
-    assert "ping-pong (01)" in message and "mean-score (00)" in message
+    assert "no exercise named 'ping_pong_typo'. Did you mean 'ping-pong' (01_point_to_point)?" in message
+    assert "mean-score" not in message and len(message) < 300          # not every name there is
+    with pytest.raises(CourseError) as info:
+        ddplab.hint("xyzzy")
+    message = str(info.value)
+    assert "nor one close to it" in message and 'Stuck? ddplab.hint("ping-pong")' in message
+    assert len(message) < 300
+
+
+def test_the_first_hint_reads_the_notebooks_without_nbformat():
+    """Importing nbformat (its jsonschema validator compiles a grammar) made a kernel's first
+    ddplab.hint take 11-12 s on a loaded machine; benchmarks/bench_hint.py times it."""
+    code = ("import sys, ddplab; ddplab.hint('ping-pong'); "
+            "print(sorted(m for m in ('nbformat', 'jsonschema', 'torch') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    hint = exercises()["ping-pong"].metadata["ddplab"]["hint"]
+    assert result.stdout.splitlines() == [f"Hint for ping-pong (01_point_to_point.ipynb): {hint}", "[]"]
+
+
+NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_exercise_is_named_by_one_rule_and_its_text_ends_with_its_hint_line(name):
+    """Names: lower-case words joined by hyphens, as cell ids are. Each exercise's text (the
+    markdown cell above its exercise cell) ends with `Stuck? ddplab.hint("<name>")`, naming
+    every exercise cell that follows it (03's three prompts share one text)."""
+    cells = nbformat.read(ROOT / "notebooks" / name, as_version=4).cells
+    texts: dict[int, list[str]] = {}
+    for index, cell in enumerate(cells):
+        for prefix in ("exercise-", "check-"):
+            if cell.get("id", "").startswith(prefix):
+                assert NAME.fullmatch(cell.id[len(prefix):]), f"{name}: {cell.id}"
+        if cell.get("id", "").startswith("exercise-"):
+            above = max(i for i in range(index) if cells[i].cell_type == "markdown")
+            texts.setdefault(above, []).append(cell.id[len("exercise-"):])
+    for above, names in texts.items():
+        last = cells[above].source.rstrip().splitlines()[-1]
+        assert last == "Stuck? " + ", ".join(f'`ddplab.hint("{n}")`' for n in names), (name, last)
+        for n in names:
+            assert ddplab.hints.hint_text(n).startswith(f"Hint for {n} ({name})")
 
 
 def test_the_cleaner_writes_nbgrader_metadata_from_ids_and_tags(tmp_path):
@@ -134,10 +218,17 @@ def test_the_exercise_has_a_hint_that_does_not_give_the_solution_away(name):
     assert code and not all(line in hint for line in code), f"the hint is the solution: {hint}"
 
 
-def test_make_lab_opens_the_student_workspace_and_lab_reference_the_notebooks():
-    makefile = (ROOT / "Makefile").read_text()
-    lab = makefile.split("\nlab: install\n")[1].split("\n\n")[0]
+def test_make_lab_opens_the_student_workspace_and_lab_reference_the_notebooks(tmp_path):
+    import os
+    import subprocess
+
+    def commands(target: str) -> str:           # what make would run (-n), with a fresh .venv
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+        return subprocess.run(["make", "-n", "--no-print-directory", f"VENV={tmp_path}", target],
+                              cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+                              timeout=60).stdout
+
+    lab = commands("lab")
     assert "ddplab notebooks workspace" in lab and "--notebook-dir=workspace" in lab
-    reference = makefile.split("\nlab-reference: install\n")[1].split("\n\n")[0]
-    assert "--notebook-dir=notebooks" in reference
+    assert "--notebook-dir=notebooks" in commands("lab-reference")
     assert "workspace/" in (ROOT / ".gitignore").read_text().splitlines()

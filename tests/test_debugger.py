@@ -507,3 +507,72 @@ def _drive_vscode_session(k, tmp_path, seen, take) -> None:
         dap.close()
     assert not seen.error, seen.error
     assert seen.stdout.endswith("[rank 0]\nv 36\n[rank 1]\nv 43\n"), seen.stdout
+
+
+def test_debugging_a_rank_whose_last_error_is_an_earlier_cells_says_which(k):
+    assert run(k, "%%ranks\nraise ValueError(f'first on {rank}')").error.startswith("RankError")
+    later = run(k, "%%ranks\nif rank == 1:\n    raise KeyError('second')\n")
+    assert later.error.startswith("RankError"), later.error
+    seen = run(k, "lab.debug(rank=0)", ["c"])
+    assert not seen.error, seen.error
+    said = re.search(r"ddplab: rank 0 did not raise in the last call that failed \(rank 1 did, "
+                     r"cell In \[(\d+)\], at \d\d:\d\d:\d\d\)\. The error below is rank 0's own "
+                     r"last one, from an earlier call: cell In \[(\d+)\], at \d\d:\d\d:\d\d\.\n",
+                     seen.stdout)
+    assert said and int(said[2]) == int(said[1]) - 1, seen.stdout
+    assert "ValueError: first on 0" in seen.stdout
+    seen = run(k, "lab.debug(rank=1)", ["c"])         # the last failure's own rank: nothing to add
+    assert "did not raise" not in seen.stdout and "KeyError: 'second'" in seen.stdout
+
+
+def test_lab_debugpy_without_with_says_how_and_a_bad_rank_is_refused_at_once(k):
+    out = ok(k, "lab.debugpy(ranks=1)\nprint('after')")
+    assert out == ("ddplab: lab.debugpy(ranks=1) did nothing: it is a with-block, entered only by "
+                   "`with`. Write\n    with lab.debugpy(ranks=[1]):\n        lab.run(fn)   # or any "
+                   "calls to debug\nor run one cell under VS Code with %%ranks --debugpy 1.\n"
+                   "after\n"), out
+    seen = run(k, "block = lab.debugpy(ranks=7)")
+    assert seen.error.startswith("ConfigError: ddplab: lab.debugpy(ranks=7) names rank 7"), seen.error
+    assert ok(k, "%%ranks\nprint(rank)") == "[rank 0]\n0\n[rank 1]\n1\n"    # nothing listens
+
+
+def _waits_in(directory: str, pid: int, rank: int, function: str, limit: float = 60) -> None:
+    """Return once rank ``rank`` (process ``pid``) runs ``function``, read from its stack."""
+    import os
+
+    from ddplab.lab import diagnose
+
+    deadline = time.monotonic() + limit
+    stack_file = os.path.join(directory, f"stack-rank{rank}.txt")
+    while time.monotonic() < deadline:
+        dump = diagnose.dump_stack(pid, stack_file, time.monotonic() + 5)
+        if any(f == function for _, _, f in diagnose.main_thread_stack(dump)):
+            return
+    raise AssertionError(f"rank {rank} never ran {function} in {limit} s")
+
+
+def test_an_interrupt_while_waiting_for_vs_code_is_one_line(k, tmp_path):
+    directory, pid = ok(k, "print(lab.engines.directory, lab.engines.pids[1])").split()
+    ok(k, f"import os\n_here = os.getcwd()\nos.chdir({str(tmp_path)!r})")   # launch.json goes here
+    msg_id = k.execute("%%rank 1 --debugpy\nprint('never')\n")
+    stdout, error = "", None
+    while True:
+        msg = k.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            stdout += msg["content"]["text"]
+            if "waits for VS Code" in stdout and error is None:
+                # Interrupted once rank 1 waits for a client (an idle rank ignores a SIGINT).
+                _waits_in(directory, int(pid), 1, "block_until_configuration_done")
+                k.interrupt()                        # instead of attaching
+                error = {}
+        elif msg["msg_type"] == "error":
+            error = msg["content"]
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    assert "ddplab: interrupted; the ranks stopped and the lab is usable." in stdout, stdout
+    assert error["ename"] == "KeyboardInterrupt", error
+    assert error["traceback"] == ["KeyboardInterrupt: the call was interrupted (what became of "
+                                  "the ranks is said above)"], error["traceback"]
+    ok(k, "os.chdir(_here)\nlab.restart()")        # debugpy starts once per rank process

@@ -128,6 +128,9 @@ def test_the_run_completes_and_reports_every_submission(graded):
     assert not list(graded["csv"].parent.glob("*.journal"))         # done: no journal left
 
 
+@pytest.mark.exercise("mean_score", "bypass")
+@pytest.mark.exercise("swap_tensors", "bypass")
+@pytest.mark.exercise("who_waited", "bypass", cell="check-who-waited")
 @pytest.mark.parametrize("name", list(EVERY))
 def test_each_attack_scores_what_its_work_deserves(graded, name):
     row = _rows(graded)[name]
@@ -153,8 +156,9 @@ def test_reasons_name_what_happened(graded):
     assert f"cell setup: timed out after {CELL_TIMEOUT} s" in setup and "no lab is running" in setup
     # checks given the notebook's code or answer: the grader ran them on the ranks, itself
     for name in set(given_attacks.ATTACKS) - {"given_honest", "given_patched_stdout"}:
-        assert "swap: check: AssertionError: swap with an input of shape [1] and dtype float32 " \
-               "raised NotImplementedError" in rows[name]["reasons"], (name, rows[name]["reasons"])
+        said = rows[name]["reasons"]
+        assert "swap: check: NotImplementedError (" in said and "It raised while the check ran swap " \
+               "with an input of shape [1] and dtype float32." in said, (name, said)
     assert "answer with (rank, op)" in rows["given_gadget_answer"]["reasons"]   # sealed, not run
     assert "is not the call that waited longest" in rows["given_shadowed_exec"]["reasons"]
 

@@ -234,3 +234,48 @@ def test_rank_lines_survive_two_ranks_printing_at_once():
     # Unbuffered print writes text and newline separately; ranks interleave between them.
     text = "[rank 1] b1[rank 0] a1\n\nnoise\n[rank 0] a2\n[rank 1] b2\n"
     assert launch._rank_lines(text) == {0: "a1\na2\n", 1: "b1\nb2\n"}
+
+
+#: Rank 0 waits in a barrier; rank 1 computes for ever (WAIT) or leaves at once (LEAVE).
+UNEVEN_SCRIPT = """
+import os
+import torch.distributed as dist
+from ddplab.launch import report_env
+
+dist.init_process_group("gloo")
+report_env(pid=os.getpid())
+if dist.get_rank() == 0:
+    dist.barrier()                     # rank 1 never calls it
+elif WAIT:
+    while True:
+        pass
+"""
+
+
+def test_a_launch_whose_rank_waits_while_another_computes_is_ended_naming_it(tmp_path, nothing_left):
+    # The CPU rank 1 uses is progress, for ever: the wait of rank 0 is the hang all the same.
+    begin = time.monotonic()
+    with pytest.raises(launch.LaunchError) as info:
+        launch.torchrun(write(tmp_path, "uneven.py", "WAIT = True\n" + UNEVEN_SCRIPT),
+                        nproc_per_node=2, timeout=5)
+    took = time.monotonic() - begin
+    message = str(info.value)
+    assert message.startswith(
+        "ddplab: rank 0 in barrier (uneven.py line 10): it has waited in that torch.distributed "
+        "call for timeout=5 s without it finishing, and that wait is the hang, whatever the "
+        "other ranks do meanwhile"), message
+    assert info.value.launch.waited == {0: "in barrier (uneven.py line 10)"}
+    assert took < TIMEOUT                      # it ended; before, never (rank 1 computes)
+    assert_gone(info.value.launch)
+
+
+def test_a_launch_whose_rank_leaves_while_another_waits_names_it(tmp_path, nothing_left):
+    with pytest.raises(launch.LaunchError) as info:
+        launch.torchrun(write(tmp_path, "uneven.py", "WAIT = False\n" + UNEVEN_SCRIPT),
+                        nproc_per_node=2, timeout=TIMEOUT)
+    message = str(info.value)
+    assert message.startswith(
+        "ddplab: rank 0 waited in barrier (uneven.py line 10) for rank 1, which finished "
+        "without making that call: when its process group closed, gloo ended the wait with "
+        "\"Connection closed by peer\" (no rank crashed)."), message
+    assert_gone(info.value.launch)

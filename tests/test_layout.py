@@ -183,3 +183,29 @@ def test_only_procs_runs_commands_with_subprocess(check_layout, tmp_path):
     assert "ddplab/b.py:2: sp.check_output outside ddplab.procs" in found
     assert "ddplab/c.py:1: from subprocess import call outside ddplab.procs" in found
     assert "fine.py" not in found and "procs/tree.py" not in found, found
+
+
+def test_the_checkers_are_cut_by_notebook(check_layout, tmp_path):
+    root = _tree(tmp_path, {
+        "ddplab/__init__.py": "",
+        "ddplab/check/__init__.py": 'NOTEBOOKS = ("nb00_setup",)\n',
+        "ddplab/check/_core.py": "",                               # shared, private: fine
+        "ddplab/check/nb00_setup.py": "",
+        "ddplab/check/collectives.py": "",                         # no notebook in its name
+        "notebooks/00_setup.ipynb": "{}",
+        "notebooks/01_point_to_point.ipynb": "{}",                 # no checkers of its own
+    })
+    found = check_layout.checker_problems(root)
+    assert any("ddplab/check/collectives: a public checker module not named for a notebook" in p
+               for p in found), found
+    assert any("no checker module for notebooks/01_point_to_point.ipynb" in p for p in found), found
+    assert any("NOTEBOOKS must list every notebook's checker module, in course order: nb00_setup, "
+               "nb01_point_to_point; it lists nb00_setup" in p for p in found), found
+    assert not any("_core" in p for p in found), found
+    (root / "ddplab/check/collectives.py").unlink()
+    (root / "ddplab/check/nb01_point_to_point").mkdir()
+    (root / "ddplab/check/nb01_point_to_point/__init__.py").write_text("")   # a package is fine
+    (root / "ddplab/check/__init__.py").write_text(
+        'NOTEBOOKS = ("nb00_setup", "nb01_point_to_point")\n')
+    assert check_layout.checker_problems(root) == []
+

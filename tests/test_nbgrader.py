@@ -52,7 +52,7 @@ from sections import failures, restart_points, with_restarts
 from test_grade import EXERCISES, _cell, _replace, _solutions_into_stubs
 
 from ddplab import procs
-from ddplab.course.release import release_notebook
+from ddplab.course.release import output_digest, release_notebook
 from ddplab.grade.class_run import grade
 
 # nbgrader itself: minutes.
@@ -92,7 +92,10 @@ def course(tmp_path_factory):
     (course / "nbgrader_config.py").write_text(
         "c = get_config()\n"
         "c.CourseDirectory.course_id = 'ddplab'\n"
-        f"c.Execute.timeout = {CELL_TIMEOUT}\n")
+        f"c.Execute.timeout = {CELL_TIMEOUT}\n"
+        # the student version's outputs as ddplab release makes them (docs/instructors.md)
+        "from ddplab.course.nbgrader_release import PREPROCESSORS\n"
+        "c.GenerateAssignment.preprocessors = PREPROCESSORS\n")
     begin = time.monotonic()
     result = _nbgrader(course, "generate_assignment", timeout=900)
     seconds = time.monotonic() - begin
@@ -110,14 +113,17 @@ def test_generate_assignment_accepts_every_notebook(course, record_property):
 
 
 def test_ddplab_release_shows_the_student_what_nbgrader_shows(course):
-    """Same cells, same sources (stubs included). Outputs differ on purpose: nbgrader clears
-    them all, ddplab release keeps the check cells' reference outputs (what grading compares)."""
+    """Same cells, same sources (stubs included), same outputs and execution counts: nbgrader,
+    configured with ddplab.course.nbgrader_release, keeps the outputs ddplab release keeps."""
     course, _ = course
     for path in NOTEBOOKS:
         ours = release_notebook(nbformat.read(path, as_version=4), path.name)
         theirs = nbformat.read(course / "release" / ASSIGNMENT / path.name, as_version=4)
         assert _cells_seen(ours) == _cells_seen(theirs), path.name
         assert [c.get("id") for c in ours.cells] == [c.get("id") for c in theirs.cells], path.name
+        assert [(c.get("outputs"), c.get("execution_count")) for c in ours.cells] == \
+            [(c.get("outputs"), c.get("execution_count")) for c in theirs.cells], path.name
+        assert any(c.get("outputs") for c in theirs.cells), f"{path.name}: nbgrader cleared them all"
 
 
 def _agreement_submissions() -> dict[str, nbformat.NotebookNode]:
@@ -305,6 +311,29 @@ def test_ddplab_grade_gives_the_reference_full_marks(autograded, path):
     failed = {m.exercise: m.reason for m in result.marks if not m.passed}
     assert not result.error and not failed, f"{path.name}: {result.error} {failed}"
     assert len(result.marks) == checks, f"{path.name}: {len(result.marks)} marks, {checks} checks"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_output_a_released_copy_keeps_is_one_its_stub_run_prints(autograded, path):
+    """Issue 53: the student copy holds no output its own run would not print. Its run is the
+    round trip's ``ddplab grade`` of the released copy (every solution a stub), no extra
+    execution: each cell that keeps outputs must have printed the same there (``digest``, as
+    nbval compares), and no stub may have broken the lab (a replay would go on from the
+    reference solution, not from what the student's run leaves)."""
+    _, ours, _, _, _ = autograded
+    result = ours["course-released", path.stem]
+    broke = [f for f in result.cells_failed if ": timeout: " in f or ": died: " in f or "not run" in f]
+    broke += [m.reason for m in result.marks if "HangError" in m.reason or "timed out" in m.reason
+              or "kernel died" in m.reason or "not run" in m.reason]
+    assert not broke, f"{path.name}: a stub broke the lab: {broke[:2]}"
+    released = release_notebook(nbformat.read(path, as_version=4), path.name)
+    kept = [cell for cell in released.cells if cell.cell_type == "code" and cell.outputs]
+    differ = [cell.id for cell in kept if result.cell_digests.get(cell.id) != output_digest(cell)]
+    assert not differ, (f"{path.name}: the student copy keeps outputs its stub run printed otherwise: "
+                        f"{differ}; run tools/clean_notebook.py --stub-run {path}")
+    assert "Correct" not in nbformat.writes(released)
 
 
 @pytest.mark.slow

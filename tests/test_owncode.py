@@ -355,6 +355,17 @@ def test_run_script_imports_the_scripts_own_modules_afresh_each_run(fresh_lab, t
     assert paths == [[], []]                          # no script folder left on sys.path
 
 
+def test_a_script_that_calls_sys_exit_shows_its_own_line_only(fresh_lab, tmp_path):
+    script = tmp_path / "leaves.py"
+    script.write_text("import sys\nprint('hi')\nsys.exit(3)\n")
+    with pytest.raises(RankError) as info:
+        fresh_lab.run_script(str(script), timeout=60)
+    for rank, text in info.value.failures.items():
+        assert text == (f'Traceback (most recent call last):\n  File "{script}", line 3, in '
+                        f'<module>\n    sys.exit(3)\nRuntimeError: the script exited with code 3 '
+                        f'(sys.exit) on rank {rank}'), text          # no ddplab frame, no chain
+
+
 def test_run_script_of_a_missing_file_is_a_config_error(fresh_lab, tmp_path):
     with pytest.raises(ConfigError, match="found no file at"):
         fresh_lab.run_script(str(tmp_path / "nowhere.py"))
@@ -503,6 +514,12 @@ def test_torchrun_options_are_checked(tmp_path):
         launch.torchrun("x.py", max_restart=1)
     with pytest.raises(ConfigError, match="sets --log-dir itself"):
         launch.torchrun("x.py", log_dir="/tmp")
+    # launch.spawn's (and mp.spawn's) name for it, not the nearest spelling (nnodes)
+    with pytest.raises(ConfigError, match=r"no option --nprocs\. Did you mean nproc_per_node=N "
+                                          r"\(processes on each node; launch.spawn calls it "
+                                          r"nprocs\)\?") as info:
+        launch.torchrun("x.py", nprocs=2)
+    assert "nnodes" not in str(info.value)
 
 
 SPAWN_OWN_ARGS = '''
@@ -560,6 +577,7 @@ def no_group_of_its_own(rank, world_size):
     return float(rank + 1)                    # no group, no all_reduce: each rank's own value
 
 
+@pytest.mark.exercise("own_group_demo", "mistake", "no group of its own")
 def test_own_group_demo_checker(fresh_lab, capsys):
     import ddplab
     ddplab.check.own_group_demo(all_reduce_demo, fresh_lab)

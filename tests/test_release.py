@@ -1,5 +1,7 @@
-"""`ddplab release`: solution blocks become nbgrader's stub; check cells keep their outputs."""
+"""`ddplab release`: solution blocks become nbgrader's stub; a cell keeps its outputs only where the
+student's own run of the copy prints them too (tests/test_nbgrader.py proves that against a run)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +9,16 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ddplab.course.release import ReleaseError, release, release_notebook, strip_solutions
+from ddplab.course.release import (
+    STUDENT_COPY,
+    ReleaseError,
+    graded,
+    keeps_outputs,
+    output_digest,
+    release,
+    release_notebook,
+    strip_solutions,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,22 +49,135 @@ def test_unbalanced_markers_are_refused_with_the_line(source, words):
         assert word in message
 
 
-def test_the_course_notebook_releases_with_stubs_and_reference_check_outputs():
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_the_course_notebook_releases_with_stubs_and_no_check_result():
     course = nbformat.read(ROOT / "notebooks" / "00_setup.ipynb", as_version=4)
     student = release_notebook(course, "00_setup.ipynb")
     by_id = {c.id: c for c in student.cells}
     exercise, check = by_id["exercise-mean-score"], by_id["check-mean-score"]
     assert "NotImplementedError" in exercise.source and "all_reduce" not in exercise.source
     assert exercise.outputs == [] and exercise.execution_count is None
+    assert check.outputs == [] and check.execution_count is None
     assert exercise.metadata["tags"] == ["exercise"] and check.metadata["tags"] == ["check"]
     original = {c.id: c for c in course.cells}
-    assert check.outputs == original["check-mean-score"].outputs != []
+    assert original["check-mean-score"].outputs != []           # the reference keeps what grading compares
     assert check.source == original["check-mean-score"].source
-    # every other cell is unchanged, outputs included; and the course notebook itself is untouched
+    # a demo the stub run prints alike keeps its outputs; the verdict's mark does not reach students
+    assert by_id["cell-22"].outputs == original["cell-22"].outputs != []
+    assert all(STUDENT_COPY not in c.metadata.get("ddplab", {}) for c in student.cells)
+    assert "all_reduce" in original["exercise-mean-score"].source       # the course notebook untouched
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_released_copy_holds_no_check_result_and_only_outputs_its_stub_run_printed(path):
+    """Issue 53: no `Correct:` before the student types anything, and no output of a cell the
+    stub run (tools/clean_notebook.py --stub-run) did not print alike. Against the run itself:
+    tests/test_nbgrader.py's round trip."""
+    course = nbformat.read(path, as_version=4)
+    student = release_notebook(course, path.name)
+    assert "Correct" not in json.dumps([c.get("outputs", []) for c in student.cells])
+    marks = {c.id: c.metadata.get("ddplab", {}).get(STUDENT_COPY) for c in course.cells}
     for cell in student.cells:
-        if cell.id != "exercise-mean-score":
-            assert cell == original[cell.id]
-    assert "all_reduce" in original["exercise-mean-score"].source
+        if cell.cell_type != "code":
+            continue
+        if graded(cell):
+            assert cell.outputs == [] and cell.execution_count is None, cell.id
+        elif cell.outputs:
+            assert marks[cell.id] == f"keep {output_digest(cell)}", cell.id
+        else:
+            assert cell.execution_count is None, cell.id
+    # every other cell with outputs has the stub run's verdict, and a kept one still matches
+    for cell in course.cells:
+        if cell.cell_type == "code" and cell.outputs and not graded(cell):
+            mark = marks[cell.id]
+            assert mark is not None, (f"{path.name}, cell {cell.id}: outputs and no verdict of the stub run; "
+                                      f"run tools/clean_notebook.py --stub-run {path}")
+            assert mark == "clear" or mark == f"keep {output_digest(cell)}", \
+                (f"{path.name}, cell {cell.id}: its outputs changed since the stub run; run "
+                 f"tools/clean_notebook.py --stub-run {path}, or the student copy loses them")
+
+
+def _cell(source="print(1)", cell_id="demo", outputs=None, **metadata):
+    cell = nbformat.v4.new_code_cell(source, id=cell_id, metadata=metadata, execution_count=3)
+    cell.outputs = outputs if outputs is not None else [nbformat.v4.new_output(
+        "stream", name="stdout", text="the ranks agree: 0.52 s\n")]
+    return cell
+
+
+def test_a_cell_keeps_its_outputs_only_while_they_are_what_the_stub_run_printed():
+    cell = _cell()
+    assert not keeps_outputs(cell)                                  # no verdict: cleared
+    cell.metadata["ddplab"] = {STUDENT_COPY: f"keep {output_digest(cell)}"}
+    assert keeps_outputs(cell)
+    cell.outputs[0].text = "the ranks agree: 1.5 s\n"               # sanitized alike (a time)
+    assert keeps_outputs(cell)
+    cell.outputs[0].text = "the ranks disagree\n"                   # re-executed since: cleared
+    assert not keeps_outputs(cell)
+    cell.metadata["ddplab"] = {STUDENT_COPY: "clear"}
+    assert not keeps_outputs(cell)
+    check = _cell("ddplab.check.x()", "check-x", tags=["check"])
+    check.metadata["ddplab"] = {STUDENT_COPY: f"keep {output_digest(check)}"}
+    assert not keeps_outputs(check)                                 # a check never keeps its line
+    ignored = _cell("# NBVAL_IGNORE_OUTPUT\nprint(busbw)")
+    ignored.metadata["ddplab"] = {STUDENT_COPY: f"keep {output_digest(ignored)}"}
+    ignored.outputs[0].text = "the ranks agree: 7.25 s\n"           # only digits differ: nbval ignores it
+    assert keeps_outputs(ignored)
+    picture = _cell(outputs=[nbformat.v4.new_output("display_data", data={"image/png": "AAAA"})])
+    assert output_digest(picture) != output_digest(_cell(outputs=[]))   # a picture is not nothing
+
+
+def test_the_timeline_exercises_answer_is_not_in_the_copy():
+    """01's who-waited check line named the answer ('send on rank 0 waited longest')."""
+    course = nbformat.read(ROOT / "notebooks" / "01_point_to_point.ipynb", as_version=4)
+    answer = next(c for c in course.cells if c.id == "check-who-waited").outputs[0].text
+    assert "waited" in answer
+    text = nbformat.writes(release_notebook(course, "01_point_to_point.ipynb"))
+    assert answer.strip() not in text and "Correct" not in text
+
+
+def test_a_student_copy_given_as_the_reference_stops_grading(tmp_path):
+    """Grading compares with the reference's check outputs; a copy has none to compare with."""
+    from ddplab.errors import GradeError
+    from ddplab.grade.plan import check_reference
+
+    course = nbformat.read(ROOT / "notebooks" / "00_setup.ipynb", as_version=4)
+    nbformat.write(release_notebook(course, "00_setup.ipynb"), tmp_path / "00_setup.ipynb")
+    with pytest.raises(GradeError, match="check cell check-mean-score .* has no stored output"):
+        check_reference(tmp_path / "00_setup.ipynb")
+
+
+def test_a_copy_made_before_the_names_were_hyphenated_is_still_graded_exercise_by_exercise():
+    """A workspace copy from before issue 53 has `exercise-global_mean`, `check-global_mean`:
+    grading matches its check cells by tag and source, its exercise cells by position."""
+    from ddplab.grade.plan import exercises, plan
+
+    course = nbformat.read(ROOT / "notebooks" / "05_ddp_training.ipynb", as_version=4)
+    old = release_notebook(course, "05_ddp_training.ipynb")
+    renamed = 0
+    for cell in old.cells:
+        if cell.id.startswith(("exercise-", "check-")) and cell.id.count("-") > 1:
+            prefix, name = cell.id.split("-", 1)
+            cell.id, renamed = f"{prefix}-{name.replace('-', '_')}", renamed + 1
+    assert renamed >= 10
+    steps, problems = plan(old, exercises(course))
+    assert problems == {}
+    assert sorted(s.name for s in steps if s.role == "check") == sorted(e.name for e in exercises(course))
+
+
+def test_nbgraders_steps_are_its_own_with_clear_output_replaced_by_ddplabs():
+    """ddplab.course.nbgrader_release names nbgrader's generate_assignment steps by path (ddplab
+    never imports nbgrader); they must be this nbgrader's own, ClearOutput swapped for ours.
+    tests/test_nbgrader.py runs generate_assignment with them on the whole course."""
+    from nbgrader.converters import GenerateAssignment
+    from traitlets.utils.importstring import import_item
+
+    from ddplab.course.nbgrader_release import PREPROCESSORS, StudentOutputs
+
+    theirs = GenerateAssignment.class_traits()["preprocessors"].default()
+    ours = [import_item(path) for path in PREPROCESSORS]
+    assert [StudentOutputs if step.__name__ == "ClearOutput" else step for step in theirs] == ours
 
 
 def test_solution_markers_in_a_markdown_cell_are_refused_not_released():

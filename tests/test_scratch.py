@@ -57,3 +57,16 @@ def test_it_goes_with_the_last_lab_stop_and_with_a_dead_kernel():
     while os.path.exists(second) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not os.path.exists(second), f"the dead kernel's scratch folder is still there: {second}"
+
+
+@pytest.mark.parametrize("name", ["a/b", "../../x", "x" * 300, "..", "", "a b"])
+def test_a_name_that_is_not_one_folder_name_is_a_config_error(name):
+    before = set(os.listdir(tempfile.gettempdir()))
+    with pytest.raises(ddplab.ConfigError, match=r"name must be one short word for a folder "
+                                                 r"name: letters, digits, '-', '_' or '\.', 1 to "
+                                                 r"64 of them \(not only dots\)") as info:
+        ddplab.scratch_folder(name)
+    assert "never a path: use e.g. scratch_folder('nb10')" in str(info.value)
+    if len(name) > 64:
+        assert f"({len(name)} characters)" in str(info.value) and name not in str(info.value)
+    assert set(os.listdir(tempfile.gettempdir())) <= before       # nothing made

@@ -4,7 +4,9 @@ The site is built once for the module with the repository's own mkdocs.yml (`--s
 `make docs` builds it), into a temporary folder, and opened from the disk (file://) in
 Debian's headless Chromium: the front page, a notebook page with its stored pictures (the
 timeline, an SVG; a matplotlib figure, a PNG) and the API reference made from the docstrings.
-The reference solutions are not published: no exercise cell, no .ipynb in the site.
+The reference solutions are not published: no exercise cell; the only .ipynb files in the site
+are the student versions each notebook's page offers for download, with how to open them in
+Colab, Kaggle or a JupyterHub.
 A copy of the sources with two broken links (one in a guide, one in a notebook) must fail to
 build and name both. The build runs with no network (`unshare -n` where this user may), which
 proves it downloads nothing.
@@ -62,12 +64,31 @@ def test_every_notebook_and_guide_has_a_page_and_no_solution_is_published(site):
                 if not (folder / "docs" / f"{'index' if p.stem == 'README' else p.stem}.html").is_file()]
     assert not missing, f"no page in the site for: {missing}"
     assert (folder / "index.html").is_file() and (folder / "benchmarks" / "index.html").is_file()
-    solutions = [str(p.relative_to(folder)) for p in folder.rglob("*.ipynb")]
+    # The only notebooks in the site are the student versions offered for download.
+    published = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.ipynb"))
+    assert published == [f"downloads/{p.name}" for p in NOTEBOOKS], published
+    solutions = [p for p in published if "BEGIN SOLUTION" in (folder / p).read_text()]
     solutions += [f"notebooks/{p.name}" for p in (folder / "notebooks").glob("*.html")
                   if "BEGIN SOLUTION" in p.read_text()]
     assert not solutions, f"the reference solutions are published in: {solutions}"
     front = (folder / "index.html").read_text()
     assert 'href="notebooks/01_point_to_point.html"' in front, "README's links must lead to the pages"
+
+
+def test_each_notebook_page_offers_its_student_version_and_says_where_to_open_it(site):
+    from ddplab.course.release import release_notebook
+
+    folder, _ = site
+    for path in NOTEBOOKS:
+        page = (folder / "notebooks" / f"{path.stem}.html").read_text()
+        link = f'href="../downloads/{path.name}" download="{path.name}"'
+        assert link in page, f"{path.name}: its page offers no download"
+        box = page[page.index(link):page.index("</div>", page.index(link))]
+        assert all(place in box for place in ("Colab", "Kaggle", "JupyterHub", "%pip")), box
+        assert "not in Colab or Kaggle themselves" in box           # no claim of a run there
+        offered = nbformat.read(folder / "downloads" / path.name, as_version=4)
+        student = release_notebook(nbformat.read(path, as_version=4), path.name)
+        assert [c.source for c in offered.cells] == [c.source for c in student.cells], path.name
 
 
 def test_a_broken_link_fails_the_build(site, tmp_path):

@@ -33,3 +33,15 @@ def test_an_error_after_an_await_shows_the_cells_line_only(fresh_lab):
     message = str(info.value)
     assert 'File "<rank cell' in message and "line 3" in message and "ZeroDivisionError" in message
     assert "awaiting.py" not in message and "asyncio" not in message.split("Traceback")[1], message
+
+
+def test_a_cell_asleep_at_an_await_is_named_at_its_line_not_in_select(shell, fresh_lab, capsys):
+    from conftest import cell_error
+
+    assert cell_error(shell, "%%rank 0 --grace 1\nimport asyncio\nawait asyncio.sleep(600)\n") \
+        is None
+    out = capsys.readouterr().out
+    assert out.startswith("ddplab: rank 0 is still running this cell, in asyncio.tasks.sleep "
+                          "(cell line 2), not inside a torch.distributed call"), out
+    assert "select" not in out
+    fresh_lab.restart()

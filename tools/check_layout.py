@@ -36,6 +36,12 @@
    ``getstatusoutput``): everything else in ddplab calls ``procs.run_command``.
    Found in the code: ``subprocess.run(...)`` (under any name the module was
    imported as) or ``from subprocess import run``.
+10. ``ddplab/check/`` is cut by notebook: each of its public modules (or
+   packages) is named ``nb`` + a notebook's file name, ``nb01_point_to_point``
+   for ``notebooks/01_point_to_point.ipynb``, and holds that notebook's
+   checkers; every notebook has one; ``check/__init__.py``'s ``NOTEBOOKS``
+   lists exactly those, in course order (the one list ``__all__`` is built
+   from). What several notebooks share is private (``_core``, ``_feedback``).
 
 Imports under ``if TYPE_CHECKING:`` never run, so rules 1, 4 and 5 skip them.
 """
@@ -59,6 +65,7 @@ INFRASTRUCTURE = ("__init__", "__main__", "env", "errors", "limits", "text")   #
 TEACHING = "Teaching modules"    # the paragraph of ddplab/__init__'s docstring that lists them
 MAX_LINES = 450                  # rule 8
 RUNNERS = {"run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"}  # rule 9
+CHECKERS, NOTEBOOK_PREFIX = "check", "nb"                                    # rule 10
 
 
 def within(name: str, package: str) -> bool:
@@ -256,6 +263,42 @@ def too_long(path: Path) -> str | None:
         if lines > MAX_LINES else None
 
 
+def _listed_notebooks(init: Path) -> list[str] | None:
+    """The names in ``check/__init__.py``'s ``NOTEBOOKS = (...)`` (None: no such tuple)."""
+    for node in ast.parse(init.read_text(), str(init)).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "NOTEBOOKS" for t in node.targets):
+            try:
+                return list(ast.literal_eval(node.value))
+            except ValueError:
+                return None
+    return None
+
+
+def checker_problems(root: Path) -> list[str]:
+    """Rule 10: the checkers are cut by notebook, and ``NOTEBOOKS`` lists them in course order."""
+    folder = root / PACKAGE / CHECKERS
+    if not folder.is_dir():
+        return []
+    notebooks = sorted(p.stem for p in (root / "notebooks").glob("[0-9]*.ipynb"))
+    wanted = [NOTEBOOK_PREFIX + stem for stem in notebooks]
+    present = sorted({p.stem for p in folder.glob("*.py")}
+                     | {p.parent.name for p in folder.glob("*/__init__.py")})
+    rel = folder.relative_to(root)
+    out = [f"{rel}/{name}: a public checker module not named for a notebook ({NOTEBOOK_PREFIX} + a "
+           f"notebook's file name, e.g. {wanted[0] if wanted else 'nb01_point_to_point'}): move its "
+           f"checkers into their notebook's module, or make it private (_{name}) if several share it"
+           for name in present if not name.startswith("_") and name not in wanted]
+    out += [f"{rel}: no checker module for notebooks/{name[len(NOTEBOOK_PREFIX):]}.ipynb (add "
+            f"{rel}/{name}.py and list it in NOTEBOOKS)" for name in wanted if name not in present]
+    listed = _listed_notebooks(folder / "__init__.py")
+    if listed is None:
+        out.append(f"{rel}/__init__.py: no NOTEBOOKS = (...) tuple of the notebooks' checker modules")
+    elif listed != wanted:
+        out.append(f"{rel}/__init__.py: NOTEBOOKS must list every notebook's checker module, in course "
+                   f"order: {', '.join(wanted)}; it lists {', '.join(listed)}")
+    return out
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Every strongly connected group of more than one module (Tarjan), as a sorted list."""
     index: dict[str, int] = {}
@@ -323,6 +366,7 @@ def problems(root: Path = ROOT) -> list[str]:
             out += [f"{rel}:{line}: {what} outside {PROCESS_MODULE}: use ddplab.procs"
                     for line, what in kill_calls(path)]
     out += top_level_problems(root)
+    out += checker_problems(root)
     graph = {name: {t for t in m.imports if t in known} for name, m in parsed.items()}
     for group in cycles(graph):
         edges = [f"{a} -> {b} (line {parsed[a].imports[b]})" for a in group for b in group

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One run that shows everything ddplab's GPU path should show (issue 45), sized for a lent
 # GPU machine: about 15 minutes of device time in all, a cold start of minutes, one command
-# of at most 10. The steps' limits add up to under 8 minutes.
+# of at most 10. The steps' limits add up to about 15 minutes, but on an H200 the steps took
+# 404 s together (docs/install.md); ONLY= reruns some of them in a second command.
 #
 #     bash tools/gpu_check.sh [REPORT]
 #

@@ -12,6 +12,12 @@ mkdocs checks the links of Markdown pages (a broken one is a warning, an error u
 `--strict`). A notebook page is HTML made by mkdocs-jupyter, which mkdocs does not
 check, so `on_post_page` checks its relative links here, in the same way, and points
 a link to another notebook at that notebook's page.
+
+Each notebook's page offers the student version (solutions stubbed, made by `ddplab
+release`'s own function) as a download, `downloads/NN_x.ipynb`, and says how to open
+it in Colab, Kaggle or a JupyterHub (`on_post_page` and `on_post_build`): its set-up
+cell installs ddplab with `%pip` where it is missing. The reference notebooks, with
+their solutions, are never copied into the site.
 """
 
 from __future__ import annotations
@@ -31,6 +37,26 @@ COURSE = "The course"     # the nav section on_config fills
 OUTSIDE = ["README.md", "notebooks/*.ipynb", "benchmarks/README.md"]
 SITE_FILES: dict[str, File] = {}
 HREF = re.compile(r'(href|src)="([^"#:?]+)(#[^"]*)?"')
+DOWNLOADS = "downloads"   # the site's folder of student notebooks
+# Put after a notebook page's title: {href} is its student version, {name} that file's name.
+RUN_IT = """
+<div class="admonition tip ddplab-run-it">
+<p class="admonition-title">Run this notebook yourself</p>
+<p><a href="{href}" download="{name}">Download {name}</a>, the student version (exercises to fill in;
+this page shows the reference's outputs, its solutions left out), then open it:</p>
+<ul>
+<li><b>Colab</b>: File &rsaquo; Upload notebook, and choose the file.</li>
+<li><b>Kaggle</b>: File &rsaquo; Import Notebook, and choose the file.</li>
+<li><b>A JupyterHub</b> or your own JupyterLab: the file browser's Upload button.</li>
+</ul>
+<p>Its first cell installs ddplab with <code>%pip</code> where it is missing, from the package index or
+from a ddplab wheel uploaded beside the notebook (your course's, or <code>pip wheel --no-deps .</code> in
+a clone), and says so in one line. That path is tested in a fresh Python environment holding only the
+wheel (<code>tests/test_wheel.py</code>), not in Colab or Kaggle themselves. With a clone,
+<code>make lab</code> does it all: <a href="{readme}">the front page</a>.</p>
+</div>
+"""
+TITLE_END = re.compile(r"</h1>")
 
 
 def _root(config) -> Path:
@@ -59,7 +85,8 @@ def on_files(files: Files, config) -> Files:
 
 
 def on_post_page(output: str, page, config) -> str:
-    """A notebook page: each relative link must name a page of the site; a notebook's, its page."""
+    """A notebook page: each relative link must name a page of the site; a notebook's, its page.
+    After its title, how to download and run the student version (``RUN_IT``)."""
     if not page.file.src_uri.endswith(".ipynb"):
         return output
     pages = SITE_FILES
@@ -77,7 +104,32 @@ def on_post_page(output: str, page, config) -> str:
             return match.group(0)
         return f'{attr}="{file.url_relative_to(page.file)}{anchor}"'
 
-    return HREF.sub(point, output)
+    # after the check: the download link names a file of the site, not a page
+    return _offer_download(HREF.sub(point, output), page)
+
+
+def _offer_download(output: str, page) -> str:
+    name = posixpath.basename(page.file.src_uri)
+    here = posixpath.dirname(page.file.dest_uri)
+    box = RUN_IT.format(href=posixpath.relpath(f"{DOWNLOADS}/{name}", here), name=name,
+                        readme=posixpath.relpath(SITE_FILES["README.md"].dest_uri, here))
+    with_box, found = TITLE_END.subn(lambda m: m.group(0) + box, output, count=1)
+    if not found:
+        log.warning("Notebook page '%s' has no title (# heading): no download offered.", page.file.src_uri)
+    return with_box
+
+
+def on_post_build(config) -> None:
+    """The student version of every notebook of the course into the site's downloads/."""
+    import nbformat
+
+    from ddplab.course.release import release_notebook
+
+    folder = Path(config.site_dir) / DOWNLOADS
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in sorted((_root(config) / "notebooks").glob("*.ipynb")):
+        student = release_notebook(nbformat.read(path, as_version=4), path.name)
+        nbformat.write(student, folder / path.name)
 
 
 def on_nav(nav, config, files: Files):

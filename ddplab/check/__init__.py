@@ -1,76 +1,66 @@
-"""Checkers for the notebooks' exercises, one module per notebook.
+"""Checkers for the notebooks' exercises, one module (or package) per notebook.
 
 A check cell calls one of these after the student's exercise cell:
 
-    ddplab.check.ring_token()        # prints one fixed line, or raises AssertionError
+    ddplab.check.ring_token()        # prints one fixed line, or raises Feedback
 
-Each prints ``Correct: ...`` when the answer is right and raises an
-``AssertionError`` with, per rank, what was expected and what came when it
-is wrong. They read the student's variables from the ranks (or run the
-student's function there) and compute the expected answer independently,
-usually with torch.distributed's own collective as the reference.
+Each prints ``Correct: ...`` when the answer is right and raises a
+``Feedback`` (an ``AssertionError``) when it is wrong: a headline that names
+the mistake, what each rank should have held and what it held where that
+does not give the answer away, and a hint. They read the student's variables
+from the ranks (or run the student's function there) and compute the
+expected answer independently, usually with torch.distributed's own
+collective as the reference.
 
 A checker is named after its exercise, which is often the student's own
 function: ``ddplab.check.global_rank(global_rank)`` checks ``global_rank``.
 Notebooks call checkers through ``ddplab.check.``, so the two never collide.
+
+The layout (``tools/check_layout.py`` holds it): notebook ``NN_topic.ipynb``'s
+checkers are in ``nbNN_topic`` (a module, or a package when they need more
+than one), its private helpers inside it; what several notebooks share is in
+the underscore modules here: ``_core`` (the ``@checker`` decorator, running
+the student's code, ``compare``, ``passed``), ``_feedback`` (the one kind of
+feedback), ``_student`` (the student's exception and a deadlock, as feedback),
+``_forbid`` (refused collectives and libraries), ``_peers``, ``_timeline``.
 """
 
-from . import (
-               allreduce,
-               at_scale,
-               build_ddp,
-               build_sharded,
-               byhand,
-               checkpoints,
-               clipping,
-               collectives,
-               debugging,
-               elastic,
-               experts,
-               launchers,
-               long_sequences,
-               multinode,
-               p2p,
-               pipelines,
-               precision,
-               resume,
-               samplers,
-               setup,
-               sharding_model,
-               timeline,
-               training,
-)
-from ._core import compare as compare, passed as passed, values_on_ranks as values_on_ranks
-from .allreduce import *  # noqa: F401,F403
-from .at_scale import *  # noqa: F401,F403
-from .build_ddp import *  # noqa: F401,F403
-from .build_sharded import *  # noqa: F401,F403
-from .byhand import *  # noqa: F401,F403
-from .checkpoints import *  # noqa: F401,F403
-from .clipping import *  # noqa: F401,F403
-from .collectives import *  # noqa: F401,F403
-from .debugging import *  # noqa: F401,F403
-from .elastic import *  # noqa: F401,F403
-from .experts import *  # noqa: F401,F403
-from .launchers import *  # noqa: F401,F403
-from .long_sequences import *  # noqa: F401,F403
-from .multinode import *  # noqa: F401,F403
-from .p2p import *  # noqa: F401,F403
-from .pipelines import *  # noqa: F401,F403
-from .precision import *  # noqa: F401,F403
-from .resume import *  # noqa: F401,F403
-from .samplers import *  # noqa: F401,F403
-from .setup import *  # noqa: F401,F403
-from .sharding_model import *  # noqa: F401,F403
-from .timeline import *  # noqa: F401,F403
-from .training import *  # noqa: F401,F403
+from __future__ import annotations
 
-__all__ = sorted(["compare", "passed", "values_on_ranks", *allreduce.__all__, *at_scale.__all__,
-                  *build_ddp.__all__,
-                  *build_sharded.__all__, *byhand.__all__,
-                  *checkpoints.__all__, *clipping.__all__, *collectives.__all__, *debugging.__all__,
-                  *elastic.__all__, *experts.__all__, *launchers.__all__, *long_sequences.__all__,
-                  *multinode.__all__, *p2p.__all__, *pipelines.__all__, *precision.__all__, *resume.__all__,
-                  *setup.__all__,
-                  *samplers.__all__, *sharding_model.__all__,
-                  *timeline.__all__, *training.__all__])
+import importlib
+
+from . import _keys  # noqa: F401  (a grading worker seals the answer keys when it imports ddplab.check)
+from ._core import compare as compare, passed as passed, values_on_ranks as values_on_ranks
+from ._feedback import Feedback as Feedback
+
+#: Every notebook's checkers, in course order: adding a notebook's is this one line.
+NOTEBOOKS = (
+    "nb00_setup",
+    "nb01_point_to_point",
+    "nb02_collectives",
+    "nb02b_collectives_gather_scatter",
+    "nb03_init_methods_and_launchers",
+    "nb04_sampler_sharding",
+    "nb05_ddp_training",
+    "nb06_build_all_reduce",
+    "nb07_multi_node",
+    "nb08_sharding_the_model",
+    "nb09_debugging",
+    "nb10_checkpoints_and_failures",
+    "nb11_memory_and_precision",
+    "nb12_build_ddp_zero_fsdp",
+    "nb13_build_pipelines",
+    "nb14_long_sequences_and_experts",
+    "nb15_at_scale",
+)
+
+__all__ = ["Feedback", "compare", "passed", "values_on_ranks"]
+for _notebook in NOTEBOOKS:
+    _module = importlib.import_module(f"{__name__}.{_notebook}")
+    if set(_module.__all__) & set(__all__):        # one name, one checker: never shadowed
+        raise ImportError(f"ddplab.check.{_notebook} exports {set(_module.__all__) & set(__all__)}, "
+                          f"which an earlier module exports too")
+    globals().update({name: getattr(_module, name) for name in _module.__all__})
+    __all__ += _module.__all__
+__all__ = sorted(__all__)
+del _notebook, _module

@@ -1,17 +1,28 @@
-"""What every checker shares: fetch answers from the ranks, compare, report.
+"""What every checker shares: the lab it checks, the student's code run on the ranks, compare, pass.
 
-A checker prints one fixed line when the answer is right, so nbval can
-compare it, and raises ``AssertionError`` when it is wrong, with a table of
-what each rank should have held and what it held. Raising (never printing)
-is what makes a wrong answer fail the cell, and so fail grading.
+A checker is a function decorated with ``@checker``: its ``lab`` argument
+arrives resolved (the one given, or the running one). It prints one fixed
+line when the answer is right (``passed``), so nbval can compare it, and
+raises a ``Feedback`` (``_feedback``) when it is wrong: a headline naming
+the mistake, a table of what each rank should have held and what it held
+(``compare``), and a hint. Raising (never printing) is what makes a wrong
+answer fail the cell, and so fail grading.
+
+The student's code runs on the ranks through ``run_student_code``: what it
+raises becomes the student's own exception, by name and line, with their
+traceback alone; a deadlock says where each rank waits (``_student``).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from typing import Any, Callable
 
 from ..text import plural
+from . import _student
+from ._feedback import Feedback, Row, float32_rounding, ranks_phrase, spell, spell_against
 
 #: What a rank answers for a name its namespace lacks: the exercise cell did not run there, or
 #: used another name. A string rather than an ``object()``: it comes back from the rank pickled,
@@ -32,42 +43,72 @@ def _lookup(name: str) -> Any:
 
 
 def lab_or_current(lab: Any = None) -> Any:
-    """The lab to check: the one given, or the one running."""
+    """The lab to check: the one given, or the one running (raises naming the fix if none runs)."""
     from ddplab.lab.current_lab import current
 
     return lab if lab is not None else current()
 
 
+def checker(fn: Callable | None = None, *, needs_lab: bool = True, reads_trace: bool = False) -> Any:
+    """Make ``fn`` a checker: its ``lab`` argument is resolved once, here, before it runs.
+
+    With ``needs_lab`` (the default) ``lab`` is the one given or the running one,
+    and no lab running fails at once, naming the fix; without, it is the one
+    given or the current one, running or not, or None (a checker of a plain
+    function runs it on rank 0 if it can, else here: ``answers_of``).
+    ``reads_trace``: the checker reads the last ``lab.trace()`` (a grader hands it
+    the student's; ``ddplab.grade.witness``).
+    """
+    if fn is None:
+        return functools.partial(checker, needs_lab=needs_lab, reads_trace=reads_trace)
+    signature = inspect.signature(fn)
+    takes_lab = "lab" in signature.parameters
+
+    @functools.wraps(fn)
+    def check(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        if not takes_lab:
+            return fn(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        lab = bound.arguments["lab"]
+        if lab is None:
+            from ddplab.lab.current_lab import current, current_or_none
+            bound.arguments["lab"] = current() if needs_lab else current_or_none()
+        return fn(*bound.args, **bound.kwargs)
+
+    check.reads_trace = reads_trace      # type: ignore[attr-defined]
+    return check
+
+
 def values_on_ranks(name: str, lab: Any = None) -> list[Any]:
     """The variable ``name`` on every rank, indexed by rank.
 
-    Raises ``AssertionError`` naming the ranks where it is missing, since that
+    Raises ``Feedback`` naming the ranks where it is missing, since that
     means the exercise cell did not run there (or used another name).
     """
-    lab = lab_or_current(lab)
-    values = lab.run(_lookup, name)
+    values = lab_or_current(lab).run(_lookup, name)
     missing = [rank for rank, value in enumerate(values) if is_missing(value)]
     if missing:
-        where = ", ".join(map(str, missing))
-        raise AssertionError(f"no variable `{name}` on {plural(len(missing), 'rank')} {where}. "
-                             f"Run the exercise cell above (it must run on every rank: %%ranks) "
-                             f"and keep the name `{name}`.")
+        raise Feedback(f"no variable `{name}` on {ranks_phrase(missing)}.",
+                       hint=f"run the exercise cell above (it must run on every rank: %%ranks) "
+                            f"and keep the name `{name}`.")
     return values
 
 
 def run_on_ranks(fn: Callable, *args: Any, lab: Any = None, **kwargs: Any) -> list[Any]:
-    """Call ``fn`` on every rank; a student's exception fails the check with that rank's traceback."""
+    """Call the checker's own ``fn`` on every rank (no student code in it: see ``run_student_code``)."""
     return lab_or_current(lab).run(fn, *args, **kwargs)
 
 
 def _answer_each(fn: Callable, calls: list[tuple]) -> list[tuple]:
-    """``fn(*args)`` for each ``args``: ``("ok", value)`` or ``("raised", name, message)``."""
+    """``fn(*args)`` for each ``args``: ``("ok", value)`` or ``("raised", name, message, described)``."""
     answers: list[tuple] = []
     for args in calls:
         try:
             answers.append(("ok", fn(*args)))
         except Exception as exc:  # noqa: BLE001 - a wrong answer, reported like one
-            answers.append(("raised", type(exc).__name__, str(exc)))
+            answers.append(("raised", type(exc).__name__, str(exc), _student.describe(exc)))
     return answers
 
 
@@ -78,7 +119,8 @@ def answers_of(fn: Callable, calls: list[tuple], lab: Any = None) -> list[tuple]
     run where the student's code runs, on a rank, so that a grader can check it
     without ever running the student's code in its own process
     (``ddplab.grade.witness``). With no lab running, here. Each answer is
-    ``("ok", value)`` or ``("raised", exception name, message)``.
+    ``("ok", value)`` or ``("raised", exception name, message, what the student needs of it)``;
+    ``student_raised`` is the feedback for the second kind.
     """
     from ddplab.lab.current_lab import current_or_none
 
@@ -91,6 +133,14 @@ def answers_of(fn: Callable, calls: list[tuple], lab: Any = None) -> list[tuple]
 def spell_raised(answer: tuple) -> str:
     """``raised IndexError: list index out of range`` for a ``("raised", ...)`` answer."""
     return f"raised {answer[1]}" + (f": {answer[2]}" if answer[2] else "")
+
+
+def student_raised(what: str, answer: tuple, hint: str = "") -> Feedback:
+    """The feedback for a ``("raised", ...)`` answer of ``answers_of``: the student's exception
+    first, by name and line, then their traceback; ``what`` is the call the check made, ``hint``
+    what the checker adds to ddplab's own advice for that exception."""
+    return _student.answer_raised(what, answer[3], hint) if len(answer) > 3 else \
+        Feedback(f"{what} {spell_raised(answer)}.", hint=hint)
 
 
 #: Seconds the first DDP step of a fresh rank may take (imports torch's lazy modules): not a deadlock.
@@ -121,41 +171,39 @@ def warm_up_ddp(lab: Any = None) -> None:
     run_on_ranks(_ddp_step_once, lab=lab, timeout=WARM_UP_TIMEOUT)
 
 
-def _raised(traceback_text: str) -> str:
-    """The exception a formatted traceback ends with: ``NotImplementedError: ...`` -> its name."""
-    lines = [line for line in traceback_text.strip().splitlines() if line and not line[0].isspace()]
-    last = lines[-1] if lines else ""
-    name = last.split(":", 1)[0].strip()
-    return name if name.replace(".", "").replace("_", "").isalnum() else "an exception"
+#: Where a ``RankError``'s message says what the other ranks did meanwhile (``lab.calls``).
+_MEANWHILE = "\nMeanwhile:\n"
 
 
 def run_student_code(what: str, fn: Callable, *args: Any, lab: Any = None, timeout: float,
                      hint: str, ranks: Any = None, each: dict[int, tuple] | None = None) -> Any:
-    """``run_on_ranks``, where ``fn`` runs the student's code: its failures become AssertionErrors.
+    """``fn(*args)`` on every rank, where ``fn`` (the checker's) runs the student's code.
 
-    A ``RankError`` (the student's code raised) fails the check with each
-    rank's traceback; a ``HangError`` fails it with ``deadlock``'s message,
-    ``hint`` saying what usually causes the hang. ``what`` names the code,
-    e.g. ``"my_all_reduce(...)"``. With ``ranks``, only those run it (results by rank, a dict).
-    With ``each``, rank ``r`` runs ``fn(*args, *each[r])``, sent only its own arguments
-    (``Lab.run_each``; results by rank, a dict).
+    What goes wrong becomes a ``Feedback``: the student's exception, by name
+    and line, with their own traceback (a refusal the check raised on the
+    ranks, shown once); or, for a hang, where each rank waits and a hint that
+    fits it (``hint``: the checker's word on what usually hangs here, used
+    where the lab names no pattern). ``what`` names the code, e.g.
+    ``"my_all_reduce(...)"``. With ``ranks``, only those run it (results by rank,
+    a dict). With ``each``, rank ``r`` runs ``fn(*args, *each[r])``, sent only
+    its own arguments (``Lab.run_each``; results by rank, a dict).
     """
     from ddplab.errors import HangError, RankError
 
     __tracebackhide__ = True
+    lab = lab_or_current(lab)
     try:
         if each is not None:
-            return lab_or_current(lab).run_each(fn, each, *args, timeout=timeout)
+            return lab.run_each(_student.call, each, fn, *args, timeout=timeout)
         if ranks is not None:
-            return run_on_ranks(fn, *args, lab=lab, timeout=timeout, ranks=ranks)
-        return run_on_ranks(fn, *args, lab=lab, timeout=timeout)
+            return lab.run(_student.call, fn, *args, timeout=timeout, ranks=ranks)
+        return lab.run(_student.call, fn, *args, timeout=timeout)
     except RankError as exc:
-        # The first line names what was raised: a grader's one-line reason shows only it.
-        raised = sorted({_raised(text) for text in exc.failures.values()}) or ["an exception"]
-        raise AssertionError(f"{what} raised {' / '.join(raised)}, so it cannot be checked:"
-                             f"\n{exc}") from None
+        text = str(exc)
+        meanwhile = text[text.index(_MEANWHILE) + 1:] if _MEANWHILE in text else ""
+        raise _student.raised(what, exc.failures, meanwhile) from None
     except HangError as exc:
-        raise deadlock(what, exc, timeout, hint) from None
+        raise _student.hung(what, exc, timeout, hint) from None
 
 
 def _with_student_function(name: str, fn: Callable, *args: Any) -> Any:
@@ -171,8 +219,8 @@ def run_student_function(name: str, fn: Callable, *args: Any, lab: Any, timeout:
     """``fn(the student's function `name`, *args)`` on every rank, results by rank.
 
     ``fn`` is the checker's own code, run on the rank, which calls the student's
-    function as the exercise asks. Whatever goes wrong fails the check with an
-    ``AssertionError`` that names the fix: no function ``name`` on some ranks
+    function as the exercise asks. Whatever goes wrong fails the check with a
+    ``Feedback`` that names the fix: no function ``name`` on some ranks
     (``require_function``), the student's code raised, or it hung
     (``run_student_code``, with ``hint``). With ``each`` (one entry per rank),
     rank ``r`` runs ``fn(student, *args, *each[r])``, sent only its own ``each[r]``.
@@ -186,72 +234,14 @@ def run_student_function(name: str, fn: Callable, *args: Any, lab: Any, timeout:
     return got
 
 
-def deadlock(what: str, exc: Any, timeout: float, hint: str) -> AssertionError:
-    """The AssertionError for a student's code that hung: where each rank is stuck, and the way out.
-
-    ``exc`` is the lab's ``HangError``; its per-rank locations become lines
-    like ``rank 0: still in send (cell line 2)``.
-    """
-    where = "\n".join(f"  rank {rank}: {'still ' + exc.where[rank] if rank in exc.where else state}"
-                      for rank, state in exc.states.items())
-    return AssertionError(f"{what} did not finish within {timeout:g} s: the ranks are waiting for "
-                          f"each other (a deadlock).\n{where}\nHint: {hint} "
-                          f"Then recover with: lab.restart()")
-
-
-#: The point-to-point calls the checkers watch, and the keyword naming the other rank.
-PEER_KEYWORD = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
-
-
-def peer(args: tuple, kwargs: dict, keyword: str) -> Any:
-    """The other rank of a send or recv call, as a global rank.
-
-    ``dst=``/``src=`` or the second argument; or ``group_dst=``/``group_src=``,
-    a rank within ``group=``, which is how ``batch_isend_irecv`` calls each op.
-    """
-    if keyword in kwargs:
-        return kwargs[keyword]
-    if len(args) > 1:
-        return args[1]
-    group_peer, group = kwargs.get("group_" + keyword), kwargs.get("group")
-    if group_peer is None or group is None:
-        return group_peer
-    import torch.distributed as dist
-    return dist.get_global_rank(group, group_peer)
-
-
-def swap_peer_calls(wrap: Callable) -> Callable[[], None]:
-    """Replace send/recv/isend/irecv by ``wrap(name, keyword, real)``; returns the undo.
-
-    One replacement per name, set in both ``torch.distributed`` and
-    ``distributed_c10d``: ``P2POp`` accepts an op only if it *is*
-    ``distributed_c10d.isend`` or ``irecv``, so a student's
-    ``P2POp(dist.isend, ...)`` must find the very same object there.
-    """
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    saved = {(module, name): getattr(module, name) for module in (dist, c10d) for name in PEER_KEYWORD}
-    for name, keyword in PEER_KEYWORD.items():
-        replacement = wrap(name, keyword, saved[(dist, name)])
-        for module in (dist, c10d):
-            setattr(module, name, replacement)
-
-    def undo() -> None:
-        for (module, name), value in saved.items():
-            setattr(module, name, value)
-    return undo
-
-
 def require_function(got: list[Any], name: str, kind: str = "function",
                      verb: str = "defines") -> None:
     """Raise naming the ranks where the student's ``name`` was not defined (they answered ``MISSING``)."""
     missing = [rank for rank, value in enumerate(got) if is_missing(value)]
     if missing:
-        raise AssertionError(
-            f"no {kind} `{name}` on {plural(len(missing), 'rank')} "
-            f"{', '.join(map(str, missing))}. Run the exercise cell above (a %%ranks cell, so "
-            f"every rank {verb} it) without errors, and keep the name `{name}`.")
+        raise Feedback(f"no {kind} `{name}` on {ranks_phrase(missing)}.",
+                       hint=f"run the exercise cell above (a %%ranks cell, so every rank {verb} "
+                            f"it) without errors, and keep the name `{name}`.")
 
 
 def same(expected: Any, got: Any, atol: float = 0.0) -> bool:
@@ -274,42 +264,65 @@ def same(expected: Any, got: Any, atol: float = 0.0) -> bool:
     return type(expected) is type(got) and expected == got
 
 
-def _spell(value: Any) -> str:
-    import torch
+#: The hint for a float64 answer computed in float32 somewhere (``compare``).
+FLOAT32_HINT = ("keep every step in float64: a tensor made without dtype= (torch.tensor(0.5), "
+                "torch.zeros(n), torch.ones(n)) is float32, and .float() casts to it; make new "
+                "tensors with the input's dtype (torch.zeros_like(x), dtype=x.dtype).")
 
-    if isinstance(value, torch.Tensor):
-        dtype = str(value.dtype).replace("torch.", "")
-        return f"{value.tolist()} ({dtype})"
-    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
-        inner = ", ".join(_spell(v) for v in value)
-        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
-    return repr(value)
+
+def wrong_rows(expected: list[Any], got: list[Any], wrong: list[int],
+               show_expected: bool | str = True) -> list[Row]:
+    """The table of ``compare``: every rank's expected and got, the wrong ones marked.
+
+    ``show_expected``: True shows each expected value; words (``"the mean of all
+    6 scores"``) stand in for a value that is the answer itself; False shows none.
+    """
+    def said(e: Any) -> str | None:
+        return spell(e) if show_expected is True else (show_expected or None)
+
+    return [Row(rank, spell_against(e, g) if rank in wrong and show_expected is True else spell(g),
+                said(e), rank in wrong)
+            for rank, (e, g) in enumerate(zip(expected, got))]
 
 
 def compare(what: str, expected: list[Any], got: list[Any], atol: float = 0.0,
-            hint: str = "") -> None:
-    """Raise ``AssertionError`` with a per-rank table unless ``got`` matches ``expected``.
+            hint: str = "", show_expected: bool | str = True, mistake: str = "") -> None:
+    """Raise ``Feedback`` with a per-rank table unless ``got`` matches ``expected``.
 
     ``expected`` and ``got`` are indexed by rank. Rows of ranks that are wrong
-    are marked with ``<-- wrong``; ``hint`` is a sentence on what usually causes it.
+    are marked with ``<-- wrong``; ``hint`` is a sentence on what usually causes
+    it. Where the expected value is the answer itself (a number the student
+    must produce, not one made from inputs the check drew), ``show_expected`` is
+    the words that stand in for it (or False): the table shows what came, never
+    the answer. ``mistake``: the headline's words for the mistake the checker
+    recognised (``"holds the mean of the ranks' means"``), said instead of "is wrong".
+    A float64 answer wrong only by float32's rounding is named as that mistake.
     """
     __tracebackhide__ = True   # IPython and pytest show the message, not this frame
-    wrong = [rank for rank, (e, g) in enumerate(zip(expected, got)) if not same(e, g, atol)]
     if len(expected) != len(got):
         ranks = f"{len(expected)} {plural(len(expected), 'rank')}"
-        raise AssertionError(f"{what}: expected answers from {ranks}, got {len(got)}.")
+        raise Feedback(f"{what}: expected answers from {ranks}, got {len(got)}.")
+    wrong = [rank for rank, (e, g) in enumerate(zip(expected, got)) if not same(e, g, atol)]
     if not wrong:
         return
-    lines = [f"{what} is wrong on {plural(len(wrong), 'rank')} {', '.join(map(str, wrong))}."]
-    for rank, (e, g) in enumerate(zip(expected, got)):
-        mark = "   <-- wrong" if rank in wrong else ""
-        lines.append(f"  rank {rank}: expected {_spell(e)}")
-        lines.append(f"  {' ' * len(str(rank))}      got      {_spell(g)}{mark}")
-    if hint:
-        lines.append(f"Hint: {hint}")
-    raise AssertionError("\n".join(lines))
+    rows = wrong_rows(expected, got, wrong, show_expected)
+    if all(float32_rounding(expected[rank], got[rank]) for rank in wrong):
+        raise Feedback(f"{what} is off on {ranks_phrase(wrong)} by float32's rounding, not by a "
+                       f"mistake in the method: your code computes in float32 somewhere.",
+                       rows=rows, hint=FLOAT32_HINT)
+    raise Feedback(f"{what} {mistake or 'is wrong'} on {ranks_phrase(wrong)}.", rows=rows, hint=hint)
+
+
+def holds(claim: str, on_ranks: list[bool], hint: str = "") -> None:
+    """Raise ``Feedback`` unless ``claim`` (a statement: "every rank wrote its own shard") is true on
+    every rank: ``claim: not so on ranks 0, 1.``, where ``compare`` of booleans would say
+    "expected True, got False"."""
+    __tracebackhide__ = True
+    wrong = [rank for rank, ok in enumerate(on_ranks) if ok is not True]
+    if wrong:
+        raise Feedback(f"{claim}: not so on {ranks_phrase(wrong)}.", hint=hint)
 
 
 def passed(message: str) -> None:
-    """The one fixed line a checker prints on success."""
-    print(f"Correct: {message}")
+    """The one fixed line a checker prints on success: ``Correct: message``."""
+    print(Feedback.correct(message).render())

@@ -6,8 +6,9 @@ real function, and every ``dist`` collective runs through its process group
 anyway. So ``forbidding`` refuses the collective itself: for the student's
 call only, the methods of torch's process group classes that carry it out
 (``ProcessGroup.allgather``, ``.allreduce``, ... and the same methods of
-each backend, which a group hands the work to) raise an ``AssertionError``
-naming the ``dist`` function that was called and the student's line.
+each backend, which a group hands the work to) raise a ``Feedback``
+naming the ``dist`` function that was called and the student's line (the
+check shows it once, with the ranks that raised it).
 
 Torch's functional collectives (``torch.distributed._functional_collectives``,
 ``torch.ops._c10d_functional``) reach the backend in C++, past those methods.
@@ -36,6 +37,7 @@ import sys
 from typing import Iterator
 
 from ..rank import flight
+from ._feedback import Feedback
 
 __all__ = ["COLLECTIVES", "LIBRARY", "counting", "forbidding", "refusing_library"]
 
@@ -80,8 +82,8 @@ _FUNCTIONS = {
     "clip_grad_norm_": tuple(("torch.nn.utils.clip_grad", name) for name in (
         "clip_grad_norm_", "_get_total_norm", "_clip_grads_with_norm_")),
     # notebook 10 imports them on the ranks (save_state, load_state) for its resumable run
-    "ddplab's checkpoint references": (("ddplab.check.checkpoints", "reference_save"),
-                                       ("ddplab.check.checkpoints", "reference_load")),
+    "ddplab's checkpoint references": tuple(("ddplab.check.nb10_checkpoints_and_failures.sharded", name)
+                                            for name in ("reference_save", "reference_load")),
 }
 #: Every library ``refusing_library`` knows.
 LIBRARY = (*_CLASSES, *_FUNCTIONS)
@@ -113,9 +115,9 @@ def _refusal(collective: str, method: str, exercise: str, builds: str, every: bo
         at = f" (at {found.line})" if found.line else ""
         how, advice = (("from send/recv", "Use dist.send/dist.recv (or isend/irecv) only.") if every
                        else ("itself", "Build it from the calls the exercise names."))
-        raise AssertionError(
-            f"{exercise} builds {builds} {how}, so it may not call {called}{at}. The check "
-            f"refuses the collective itself, whatever name it is imported or called by. {advice}")
+        raise Feedback(f"{exercise} builds {builds} {how}, so it may not call {called}{at}.",
+                       hint=f"the check refuses the collective itself, whatever name it is "
+                            f"imported or called by. {advice}")
     return refuse
 
 
@@ -170,18 +172,17 @@ def _refuse_recorded(recorded: list[tuple[int, str]] | None, forbidden: set[str]
     """Fail if torch's flight recorder saw a forbidden collective during the student's call."""
     __tracebackhide__ = True
     if recorded is None:
-        raise AssertionError(
-            f"{exercise} issued more operations in one call than torch's flight recorder keeps "
-            f"({flight.BUFFER_SIZE}), so the check cannot see whether it used a collective. "
-            f"{builds[0].upper() + builds[1:]} needs far fewer: send each chunk once.")
+        raise Feedback(f"{exercise} issued more operations in one call than torch's flight "
+                       f"recorder keeps ({flight.BUFFER_SIZE}), so the check cannot see whether it "
+                       f"used a collective.",
+                       hint=f"{builds[0].upper() + builds[1:]} needs far fewer: send each chunk once.")
     for seq, op in recorded:
         if op in forbidden:
-            raise AssertionError(
-                f"{exercise} builds {builds} by hand, so it may not issue {op}: torch's flight "
-                f"recorder saw collective #{seq} ({op}) on this rank during the call, issued below "
-                f"torch.distributed's functions (a functional collective, torch.ops). The check "
-                f"refuses the collective however it reaches the backend. Use the calls the "
-                f"exercise names.")
+            raise Feedback(f"{exercise} builds {builds} by hand, so it may not issue {op}: torch's "
+                           f"flight recorder saw collective #{seq} ({op}) during the call, issued "
+                           f"below torch.distributed's functions (a functional collective, torch.ops).",
+                           hint="the check refuses the collective however it reaches the backend. "
+                                "Use the calls the exercise names.")
 
 
 def _refuse_library(name: str, exercise: str, builds: str, frame) -> None:
@@ -190,10 +191,9 @@ def _refuse_library(name: str, exercise: str, builds: str, frame) -> None:
 
     found = locate(records(frame))
     at = f" (at {found.line})" if found.line else ""
-    raise AssertionError(
-        f"{exercise} builds {builds} by hand, so it may not use {name}{at}. The check "
-        f"refuses the library itself, whatever name it is imported by. Write it from the "
-        f"tensors and the dist calls the exercise names.")
+    raise Feedback(f"{exercise} builds {builds} by hand, so it may not use {name}{at}.",
+                   hint="the check refuses the library itself, whatever name it is imported by. "
+                        "Write it from the tensors and the dist calls the exercise names.")
 
 
 def _library_refusal(name: str, exercise: str, builds: str):

@@ -93,21 +93,25 @@ rm -f "$LOG"
 """
 
 
-def _constraints() -> str:
-    """ddplab's dependencies pinned to the versions installed here (which graded the reference)."""
-    lines = ["# The versions that graded the reference (written by `ddplab autograder`)."]
+def _grading_requirements() -> list[str]:
+    """What grading needs: ddplab's dependencies and its ``grade`` extra (nbval), names only."""
+    needed = []
     for requirement in metadata.requires("ddplab") or []:
-        if "extra ==" in requirement:
-            continue
-        name = requirement.split(";")[0].strip()
-        lines.append(f"{name}=={metadata.version(name)}")
+        name, _, marker = requirement.partition(";")
+        if not marker.strip() or marker.replace(" ", "").replace("'", '"') == 'extra=="grade"':
+            needed.append(name.strip())
+    return needed
+
+
+def _constraints() -> str:
+    """Those requirements pinned to the versions installed here (which graded the reference)."""
+    lines = ["# The versions that graded the reference (written by `ddplab autograder`)."]
+    lines += [f"{name}=={metadata.version(name)}" for name in _grading_requirements()]
     return "\n".join(lines) + "\n"
 
 
 def _pyproject() -> str:
-    dependencies = [r.split(";")[0].strip() for r in metadata.requires("ddplab") or []
-                    if "extra ==" not in r]
-    listed = "".join(f'    "{d}",\n' for d in dependencies)
+    listed = "".join(f'    "{d}",\n' for d in _grading_requirements())
     return ('[build-system]\nrequires = ["setuptools>=77"]\nbuild-backend = "setuptools.build_meta"\n\n'
             f'[project]\nname = "ddplab"\nversion = "{metadata.version("ddplab")}"\n'
             f'requires-python = ">=3.11"\ndependencies = [\n{listed}]\n\n'

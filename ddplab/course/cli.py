@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import threading
 import time
@@ -82,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
                                          "submission; rewritten as each notebook finishes)")
     gr.add_argument("--canvas", help="also write a gradebook CSV that Canvas imports (a column of "
                                      "points per notebook)")
+    gr.add_argument("--roster", metavar="CSV",
+                    help="for --canvas: Canvas's gradebook export (Grades > Export); each hand-in "
+                         "folder is matched to its student's ID, SIS User ID, SIS Login ID and section")
+    gr.add_argument("--student-depth", type=int, default=None, metavar="N",
+                    help="the student is the folder N deep under each folder named (1: "
+                         "submitted/alice/..., 2: class/sec1/alice/..., 0: the folder named is one "
+                         "student's); default: the folder that holds the shallowest notebooks")
     gr.add_argument("--run-as", metavar="USER",
                     help="where there is no sandbox (bubblewrap), run each submission as USER, a "
                          "user without rights (the grader runs as root): Gradescope's container")
@@ -122,9 +130,11 @@ def autograder(args) -> int:
     from ddplab.course.autograder import build
     from ddplab.errors import CourseError, GradeError
     from ddplab.grade.class_run import DEFAULT_CELL_TIMEOUT
+    from ddplab.grade.compare import require_nbval
     from ddplab.grade.journal import positive
 
     try:
+        require_nbval("autograder")
         timeout = positive("--cell-timeout", args.cell_timeout, DEFAULT_CELL_TIMEOUT,
                            f"the default, {DEFAULT_CELL_TIMEOUT:g} s")
         path = build(args.notebooks, args.output, cell_timeout=timeout)
@@ -142,8 +152,8 @@ def notebooks(args) -> int:
     from ddplab.errors import CourseError
 
     try:
-        written, kept = copy_notebooks(args.dest, reference=args.reference)
-    except (CourseError, OSError) as e:
+        written, kept, refused = copy_notebooks(args.dest, reference=args.reference)
+    except CourseError as e:
         print(e, file=sys.stderr)
         return 2
     kind = "reference" if args.reference else "student"
@@ -151,7 +161,9 @@ def notebooks(args) -> int:
         print(f"copied {path} ({kind} version)")
     for path in kept:
         print(f"kept   {path} (already there: never overwritten)")
-    return 0
+    for line in refused:
+        print(f"ddplab notebooks: not copied: {line}", file=sys.stderr)
+    return 1 if refused else 0
 
 
 def remove_solutions() -> int:
@@ -185,14 +197,15 @@ def release(args) -> int:
     return 0
 
 
-def _one_student(submissions: list[str], reference: str) -> None:
+def _one_student(submissions: list[str], reference: str, depth: int | None) -> None:
     """Gradescope runs its autograder once per student: --gradescope grades one student's work."""
     from ddplab.grade.class_run import GradeError
     from ddplab.grade.handin import handed_in
     from ddplab.grade.plan import notebooks_in
 
     names = {p.name for p in notebooks_in([reference])} if Path(reference).exists() else set()
-    students = sorted({h.student for h in handed_in(submissions, names)})
+    students = sorted({"/".join(filter(None, (h.section, h.student)))
+                       for h in handed_in(submissions, names, depth)})
     if len(students) > 1:
         raise GradeError(f"ddplab grade: --gradescope writes one student's results (Gradescope runs "
                          f"the autograder once per submission), but these are the work of "
@@ -200,17 +213,28 @@ def _one_student(submissions: list[str], reference: str) -> None:
                          f"student's notebooks, or use --csv / --canvas for a class.")
 
 
+def _terminated(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def grade(args) -> int:
     """Grade, print the table, write CSV/JUnit; exit 0 if every exercise passed, else 1."""
-    from ddplab.grade import report, unprivileged
+    from ddplab.grade import gradebook, report, unprivileged
     from ddplab.grade.class_run import DEFAULT_CELL_TIMEOUT, GradeError, grade as run
+    from ddplab.grade.compare import require_nbval
     from ddplab.grade.journal import journal_for, positive, writable, write_atomically
 
+    try:
+        require_nbval("grade")
+    except GradeError as e:
+        print(e, file=sys.stderr)
+        return 2
     finished, lock = [], threading.Lock()
 
     def progress(g) -> None:
         done = g.error or f"{g.score}/{len(g.marks)} in {g.seconds:.0f} s"
-        print(f"graded {g.student} ({g.notebook}): {done}", file=sys.stderr, flush=True)
+        who = f"{g.section}/{g.student}" if g.section else g.student
+        print(f"graded {who} ({g.notebook}): {done}", file=sys.stderr, flush=True)
         if args.gradescope:              # as grading goes: a run stopped by a time limit still says
             with lock:
                 finished.append(g)
@@ -240,8 +264,15 @@ def grade(args) -> int:
             if same:
                 raise GradeError(f"ddplab grade: {first} and {same[0]} both name {path}: one would "
                                  f"replace the other. Name a file for each.")
+        if args.student_depth is not None and args.student_depth < 0:
+            raise GradeError(f"ddplab grade: --student-depth {args.student_depth} is negative; it "
+                             f"counts folders under each folder named (0: the folder is one student's).")
+        if args.roster and not args.canvas:
+            raise GradeError("ddplab grade: --roster is for --canvas (it fills the Canvas file's ID "
+                             "columns). Add --canvas grades.csv, or leave out --roster.")
+        roster = gradebook.Roster.read(args.roster) if args.roster else None
         if args.gradescope:
-            _one_student(args.submissions, args.reference)
+            _one_student(args.submissions, args.reference, args.student_depth)
         run_as = unprivileged.account(args.run_as) if args.run_as else None
         journal = journal_for(targets, resume=args.resume)
     except (GradeError, FileNotFoundError) as e:   # ordinary mistakes: one line, exit 2
@@ -261,16 +292,24 @@ def grade(args) -> int:
         print(f"ddplab grade: grading WITHOUT a sandbox ({unsafe}): submissions run with your "
               f"rights and can read your files and find this process.", file=sys.stderr, flush=True)
     begin = time.perf_counter()
+    # SIGTERM (a job's time limit, `kill`) stops grading as Ctrl-C does: the workers end and their
+    # work folders go; what finished is in the journal for --resume, and nothing else is.
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         grades = run(args.submissions, args.reference, jobs=jobs, cell_timeout=timeout,
-                     progress=progress, journal=journal, run_as=run_as)
+                     progress=progress, journal=journal, run_as=run_as,
+                     student_depth=args.student_depth)
     except (GradeError, FileNotFoundError) as e:
         print(e, file=sys.stderr)
         return 2
+    finally:
+        procs.end_descendants(grace=1)
     if args.gradescope:
         write_atomically(args.gradescope, report.to_gradescope(grades))
     if args.canvas:
-        write_atomically(args.canvas, report.to_canvas(grades))
+        write_atomically(args.canvas, report.to_canvas(grades, roster))
+        for line in gradebook.roster_warnings(grades, roster) if roster else []:
+            print(f"ddplab grade: --canvas: {line}", file=sys.stderr)
     print(report.table(grades), end="")
     took = time.perf_counter() - begin
     print(f"\n{len(grades)} {plural(len(grades), 'submission')} graded in {took:.0f} s")
@@ -280,7 +319,6 @@ def grade(args) -> int:
         write_atomically(args.junit, report.to_junit(grades))
     if journal is not None:
         journal.finish()
-    procs.end_descendants(grace=1)
     return 0 if all(not g.error and g.score == len(g.marks) for g in grades) else 1
 
 

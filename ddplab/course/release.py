@@ -15,26 +15,44 @@ The student version replaces each block, markers included, by nbgrader's stub
     # YOUR CODE HERE
     raise NotImplementedError()
 
-and clears that cell's outputs, which would give the answer away. Every other
-cell keeps its outputs; above all the check cells (id ``check-<name>``, tag
-``check``), whose reference outputs are what ``ddplab grade`` and nbval
-compare a student's run against. Cell ids and tags are kept, since grading
-finds the exercise and check cells by them.
+and holds no output that the student's own run would not print. The rule:
+a code cell keeps its outputs only if a run of the student version itself,
+every solution a stub, printed the same (compared as nbval compares, by
+``ddplab.grade.compare.digest``). ``tools/clean_notebook.py --stub-run`` makes
+that run (``ddplab grade`` of the released copy) and records the verdict in
+each code cell's metadata, ``{"ddplab": {"student_copy": "keep <digest>"}}``
+or ``"clear"``; a cell kept only while its outputs still have that digest, so
+an output that changed since (a notebook re-executed) is cleared until the
+tool runs again. Exercise and check cells are always cleared: a check's
+``Correct: ...`` is never what a stub earns. So demos keep their pictures,
+while check results, anything computed from a solution, and the execution
+counts of cleared cells go. Grading never reads the student version's
+outputs: ``ddplab grade`` and nbval compare with the reference notebook's.
+
+Cell ids and tags are kept, since grading finds the exercise and check cells
+by them. ``ddplab notebooks`` (the workspace ``make lab`` opens), ``ddplab
+release`` and nbgrader's ``generate_assignment`` (configured with
+``ddplab.course.nbgrader``) make the student version here, cell by cell with
+``student_cell``.
 
     ddplab release notebooks/ -o release/
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import nbformat
 
 from ..errors import ReleaseError
+from ..grade.compare import digest, sanitize_patterns, values_compared
 from ..grade.plan import notebooks_in
 from ..hints import BEGIN, END
 
 STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
+#: The key, in a code cell's ``ddplab`` metadata, of the stub run's verdict on its outputs.
+STUDENT_COPY = "student_copy"
 
 
 def strip_solutions(source: str, where: str = "cell") -> str:
@@ -70,6 +88,66 @@ def has_solution(cell) -> bool:
                                             for line in cell.source.splitlines())
 
 
+def graded(cell) -> bool:
+    """Whether ``cell`` is an exercise or a check (by id or tag): its outputs never go to a student."""
+    tags = cell.metadata.get("tags", [])
+    return (cell.get("id", "").startswith(("exercise-", "check-"))
+            or "exercise" in tags or "check" in tags)
+
+
+@lru_cache(maxsize=1)
+def _patterns() -> tuple:
+    return tuple(sanitize_patterns())
+
+
+def output_digest(cell) -> str:
+    """``digest`` of a code cell's outputs (without values for a cell nbval does not compare)."""
+    return digest(cell.get("outputs", []), _patterns(), values_compared(cell))
+
+
+def keeps_outputs(cell) -> bool:
+    """Whether the student version keeps this cell's outputs: the stub run printed them too."""
+    if cell.cell_type != "code" or not cell.get("outputs") or graded(cell) or has_solution(cell):
+        return False
+    return cell.metadata.get("ddplab", {}).get(STUDENT_COPY) == f"keep {output_digest(cell)}"
+
+
+def student_cell(cell) -> None:
+    """Make code ``cell`` (its source already stubbed) what the student version holds, in place:
+    outputs and execution count cleared unless ``keeps_outputs``; the verdict's mark dropped."""
+    if cell.cell_type != "code":
+        return
+    if not keeps_outputs(cell):
+        cell.outputs, cell.execution_count = [], None
+    own = cell.metadata.get("ddplab")
+    if own is not None:
+        own.pop(STUDENT_COPY, None)
+        if not own:
+            del cell.metadata["ddplab"]
+
+
+def record_stub_run(nb, digests: dict[str, str]) -> dict[str, list[str]]:
+    """Write each code cell's verdict into reference notebook ``nb``, from the stub run's
+    ``digests`` (cell id -> ``digest`` of what it printed there); return the ids kept and cleared.
+
+    A cell missing from ``digests`` (the run never reached it) is cleared.
+    """
+    verdicts: dict[str, list[str]] = {"kept": [], "cleared": []}
+    for cell in nb.cells:
+        own = cell.metadata.get("ddplab", {})
+        own.pop(STUDENT_COPY, None)
+        if cell.cell_type == "code" and cell.get("outputs") and not graded(cell):
+            mine = output_digest(cell)
+            keep = digests.get(cell.get("id")) == mine
+            own[STUDENT_COPY] = f"keep {mine}" if keep else "clear"
+            verdicts["kept" if keep else "cleared"].append(cell.get("id"))
+        if own:
+            cell.metadata["ddplab"] = own
+        else:
+            cell.metadata.pop("ddplab", None)
+    return verdicts
+
+
 def release_notebook(nb, name: str = "notebook"):
     """The student version of notebook ``nb`` (a new object; ``nb`` is not changed)."""
     student = nbformat.from_dict(nb)   # a deep copy
@@ -86,13 +164,14 @@ def release_notebook(nb, name: str = "notebook"):
             continue
         if has_solution(cell):
             cell.source = strip_solutions(cell.source, where)
-            cell.outputs, cell.execution_count = [], None
+            cell.outputs, cell.execution_count = [], None      # whatever its tags: a solution's
         elif "exercise" in cell.metadata.get("tags", []):
             raise ReleaseError(f"ddplab release: {where} is tagged 'exercise' but has no "
                                f"'{BEGIN}' / '{END}' block, so students would get the answer. "
                                f"Put the solution between the markers.")
         else:
             strip_solutions(cell.source, where)    # a stray END marker is a mistake too
+        student_cell(cell)
     return student
 
 

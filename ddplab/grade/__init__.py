@@ -4,8 +4,11 @@ The steps, in the order they run, as nbgrader's ``converters/autograde.py``
 lists its preprocessors:
 
 0. ``handin``: what was handed in, read as untrusted input: a link is never
-   followed, a FIFO or device never opened, one submission per notebook per
-   student; a refused entry is still a row, with its reason.
+   followed, what is not a regular file never opened, one graded copy per
+   notebook per student (the newest; the others listed with it); a refused
+   entry is still a row, with its reason. ``students``: whose each entry is
+   (the folder that holds the notebooks; sections, nbgrader's layout,
+   ``--student-depth``).
 1. ``plan``: find the reference's exercises and check cells, match the
    submission's cells to them by id, and list the ``Step``s to run (the
    reference's copy in place of each check cell, a deleted one put back).
@@ -22,7 +25,8 @@ lists its preprocessors:
 5. score (``compare.score``): one ``Mark`` per exercise.
 6. ``journal``: every finished grade appended as it finishes (``--resume``);
    output paths checked first, files written atomically.
-7. ``report``: the table, CSV and JUnit XML.
+7. ``report``: the table, CSV, JUnit XML and Gradescope's results;
+   ``gradebook``: Canvas's import (with a roster) and cells no spreadsheet runs.
 
 ``class_run`` drives the whole class: a pool of workers, one per submission,
 and ``grade()``, what the ``ddplab grade`` command calls. Nothing here imports

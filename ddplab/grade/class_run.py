@@ -59,6 +59,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -66,7 +67,7 @@ from pathlib import Path
 
 from .. import limits, procs
 from . import sandbox, witness
-from .compare import Mark, sanitize_patterns, score
+from .compare import Mark, digest, sanitize_patterns, score, values_compared
 from .handin import handed_in, read_text
 from .journal import Journal, key, write_atomically
 from .plan import GradeError, Step, check_reference, describe, load_submission, notebooks_in, plan
@@ -91,6 +92,14 @@ class Grade:
     #: themselves; an instructor reading why a check failed, and the suite proving that every
     #: section runs after a restart, read them here.
     cells_failed: list[str] = field(default_factory=list)
+    #: The student's section (the folders above theirs: ``ddplab.grade.students``), "" if none.
+    section: str = ""
+    #: The student's other copies of this notebook, not graded, each with why ("<path> (an older copy)").
+    copies: list[str] = field(default_factory=list)
+    #: Cell id -> ``compare.digest`` of the outputs that cell gave in this run. The suite
+    #: compares them with what a released copy keeps (tests/test_nbgrader.py): a student copy
+    #: holds only outputs that a run of it (every solution a stub) gives.
+    cell_digests: dict[str, str] = field(default_factory=dict)
 
     @property
     def score(self) -> int:
@@ -133,14 +142,20 @@ def default_jobs(available: int | None = None, cores: int | None = None) -> int:
 
 def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None = None,
           cell_timeout: float = DEFAULT_CELL_TIMEOUT, progress=None,
-          journal: Journal | None = None, run_as: Account | None = None) -> list[Grade]:
-    """Grade every submission (files, or folders of them) in parallel; one Grade each, in order.
+          journal: Journal | None = None, run_as: Account | None = None,
+          student_depth: int | None = None) -> list[Grade]:
+    """Grade every submission (files, or folders of them) in parallel; one Grade per student and
+    notebook, in order.
 
     ``progress``, if given, is called with each Grade as it finishes.
     ``journal``, if given, records each one as it finishes, and the
     submissions it already holds are not graded again (``--resume``).
     ``run_as``, if given (``unprivileged.account``), is the user each unsandboxed
-    submission runs as.
+    submission runs as. ``student_depth``: ``--student-depth`` (``ddplab.grade.students``).
+
+    Stopped (an exception reaches it while it waits: SIGTERM made one by
+    ``ddplab grade``, Ctrl-C), it ends every worker, removes their work folders,
+    records nothing unfinished, and raises it on.
     """
     reference = Path(reference)
     for folder in sweep_abandoned_work():
@@ -149,7 +164,7 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
         raise GradeError(f"ddplab grade: the reference {reference} does not exist. Pass the "
                          f"course's notebooks folder (or one notebook) with --reference.")
     names = {p.name for p in notebooks_in([reference])}
-    found = handed_in(submissions, names) if submissions else []
+    found = handed_in(submissions, names, student_depth) if submissions else []
     if not found:
         raise GradeError("ddplab grade: no submitted notebooks found. Name .ipynb files or folders.")
     work, checked = [], set()
@@ -168,20 +183,24 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
         work.append((handin, ref, ""))
     jobs = max(1, min(jobs or default_jobs(), len(work)))
     finished = journal.done() if journal is not None else {}
+    stop = threading.Event()
 
-    def one(item, env: dict) -> Grade:
+    def one(item, env: dict) -> Grade | None:
         handin, ref, error = item
         path = handin.path
-        entry = key(path, ref or path) if journal is not None else ""
+        entry = key(path, ref or path) if journal is not None and not handin.refused else ""
         if entry in finished:
             data = dict(finished[entry], marks=[Mark(**m) for m in finished[entry]["marks"]])
             result = Grade(**data)
         else:
             result = (Grade(handin.student, path.stem, str(path), error=error)
                       if ref is None else
-                      _in_worker(path, ref, handin.student, cell_timeout, env, run_as))
-            if journal is not None:
+                      _in_worker(path, ref, handin.student, cell_timeout, env, run_as, stop))
+            if result is None or stop.is_set():
+                return None                 # stopped: not graded, so not journalled
+            if journal is not None and entry:
                 journal.record(entry, result)
+        result.section, result.copies = handin.section, list(handin.copies)
         if progress:
             progress(result)
         return result
@@ -191,9 +210,18 @@ def grade(submissions: list[str | Path], reference: str | Path, jobs: int | None
     # (and, run as another user, with the grader's rights).
     shared = (one_template_for_the_class() if sandbox.unavailable_reason() and run_as is None
               else contextlib.nullcontext({}))
-    with shared as template_env, ThreadPoolExecutor(max_workers=jobs) as pool:
+    # A subreaper while it grades: what each sandbox leaves as it ends comes here to be reaped,
+    # not to init (procs.adopting).
+    with procs.adopting(), shared as template_env, ThreadPoolExecutor(max_workers=jobs) as pool:
         env = dict(os.environ, **template_env)
-        return list(pool.map(lambda item: one(item, env), work))
+        running = [pool.submit(one, item, env) for item in work]
+        try:
+            return [future.result() for future in running]
+        except BaseException:
+            stop.set()                      # each worker ends; leaving the pool waits for them
+            for future in running:
+                future.cancel()
+            raise
 
 
 #: A submission's work folder in the temporary folder, and the file in it naming its grader.
@@ -270,9 +298,11 @@ _WORKER = ("import sys; sys.modules['rfc3987_syntax'] = None; "
 
 
 def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
-               env: dict | None = None, run_as: Account | None = None) -> Grade:
+               env: dict | None = None, run_as: Account | None = None,
+               cancel: threading.Event | None = None) -> Grade | None:
     """Grade in a child process (sandboxed where the machine allows); a crash or overrun
-    there costs only this submission.
+    there costs only this submission. None if ``cancel`` was set first (the worker is ended,
+    its work folder removed).
 
     The plan (which cells run) and the score are made here, in the grader; the
     worker only runs the steps. It reads them from a file it deletes before
@@ -287,7 +317,7 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
     except ValueError as e:
         return Grade(student, ref.stem, str(path), error=f"not graded: {e}",
                      marks=[Mark(ex.name, False, "not graded") for ex in found])
-    steps, problems = plan(submission, found)
+    steps, problems = plan(submission, found, reference)
     deadline = 300 + 3 * len(reference.cells) * cell_timeout
     sandboxed = not sandbox.unavailable_reason()
     run_as = None if sandboxed else run_as
@@ -330,8 +360,11 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
         worker = procs.Group([command], env=env, output="stderr", session=False, note=False,
                              user=(run_as.uid, run_as.gid) if run_as else None,
                              cwd=str(tmp) if run_as else None)    # the grader's may be shut to it
-        ran = worker.start().wait(timeout=deadline, grace=5)
-        procs.reap_adopted()          # bubblewrap's own child, adopted by the grader: no zombie left
+        ran = worker.start().wait(timeout=deadline, grace=5, cancel=cancel)
+        # bubblewrap's own child, adopted by the grader as the sandbox ends: no zombie left
+        procs.reap_adopted(settle=1.0 if sandboxed else 0.0)
+        if ran.stopped == "cancelled":
+            return None
         if ran.timed_out:
             return Grade(student, ref.stem, str(path),
                          error=f"not graded: grading took longer than {deadline:g} s and was stopped")
@@ -344,11 +377,16 @@ def _in_worker(path: Path, ref: Path, student: str, cell_timeout: float,
                          error=f"not graded: the grader failed ({last[:150]})")
         for step, record in zip(steps, json.loads(out.read_text())):
             step.status, step.error, step.outputs = record["status"], record["error"], record["outputs"]
-    marks = score(steps, found, problems, sanitize_patterns())
+            step.seconds = record.get("seconds", 0.0)
+    patterns = sanitize_patterns()
+    marks = score(steps, found, problems, patterns)
     failed = [f"{describe(step)}: {step.status}: {step.error}" for step in steps
               if step.role == "other" and step.status != "ok"]
+    cells = {cell.get("id"): cell for cell in submission.cells if cell.get("id")}
+    digests = {step.cell_id: digest(step.outputs, patterns, values_compared(cells[step.cell_id]))
+               for step in steps if step.cell_id in cells}
     return Grade(student, ref.stem, str(path), marks=marks, seconds=time.monotonic() - begin,
-                 cells_failed=failed)
+                 cells_failed=failed, cell_digests=digests)
 
 
 def killed_reason(returncode: int | None, sandboxed: bool) -> str:
@@ -394,6 +432,6 @@ def _worker(argv: list[str]) -> int:
         execute(steps, cwd, float(cell_timeout), witnessed=True)
     finally:
         procs.end_descendants(grace=1)
-    write_atomically(out, json.dumps([{"status": s.status, "error": s.error,
-                                               "outputs": s.outputs} for s in steps]))
+    write_atomically(out, json.dumps([{"status": s.status, "error": s.error, "outputs": s.outputs,
+                                       "seconds": s.seconds} for s in steps]))
     return 0

@@ -11,6 +11,9 @@ recorded into one ``Mark`` per exercise.
 from __future__ import annotations
 
 import copy
+import hashlib
+import importlib.util
+import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from importlib import resources
 
 import nbformat
 
+from ..errors import GradeError
 from .plan import Exercise, Step, describe
 
 # Output fields that never match run to run; nbval skips the same ones
@@ -26,11 +30,27 @@ SKIP_COMPARE = {"metadata", "traceback", "prompt_number", "output_type", "name",
                 "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg"}
 
 
+def require_nbval(command: str) -> None:
+    """Refuse ``command`` now, with the fix, where nbval is missing: a student's install has
+    none (``pip install ddplab``: nbval brings pytest), the ``grade`` and ``instructor``
+    extras have it. Grading without it would fail at the first comparison."""
+    if importlib.util.find_spec("nbval") is None:
+        raise GradeError(f"ddplab {command}: grading compares outputs with nbval, which this "
+                         f"installation lacks (a student's install leaves the instructor tools "
+                         f"out). Install them: pip install 'ddplab[grade]' (or 'ddplab[instructor]'; "
+                         f"in a checkout, make lab-reference).")
+
+
+# nbval's own reading of a sanitize file (nbval.plugin.get_sanitize_patterns), spelled here so
+# that a student's install, which has no nbval, can still release and copy notebooks: the
+# student copy's digests use these patterns. tests/test_grade.py checks both read it alike.
+_PAIR = re.compile(r"^regex: (.*)$\n^replace: (.*)$", re.MULTILINE)
+
+
 def sanitize_patterns() -> list[tuple[str, str]]:
     """The (regex, replacement) pairs of the sanitize file shipped with ddplab."""
-    from nbval.plugin import get_sanitize_patterns
     text = resources.files("ddplab.grade").joinpath("nbval_sanitize.cfg").read_text()
-    return get_sanitize_patterns(text)
+    return _PAIR.findall(text)
 
 
 def sanitize(value, patterns):
@@ -65,6 +85,49 @@ def comparable(outputs: list, patterns) -> dict[str, list]:
     return dict(flat)
 
 
+def values_compared(cell) -> bool:
+    """Whether nbval compares this code cell's outputs (not marked ``# NBVAL_IGNORE_OUTPUT`` or
+    tagged ``nbval-ignore-output``; a comment wins over a tag, as in nbval)."""
+    from nbval.plugin import find_comment_markers, find_metadata_tags
+    options = dict(find_metadata_tags(cell.get("metadata", {})))
+    options.update(find_comment_markers(cell.get("source", "")))
+    return options.get("check", True)
+
+
+def digest(outputs: list, patterns, values: bool = True) -> str:
+    """A short fingerprint of ``outputs``: equal for two runs whose outputs nbval calls the same.
+
+    It sums each output's kind (its type and stream name or MIME types, so a
+    picture counts though its pixels are never compared) and, as
+    ``comparable`` gives them, its sanitized values. ``values=False`` is for a
+    cell nbval does not compare (``values_compared``): its numbers are left
+    out, and the spaces that pad them into columns, since a timing or a
+    bandwidth differs run to run while what is printed around it does not.
+    ``ddplab release`` keeps a cell's outputs in the student copy only where a
+    run of that copy gave the same digest (``ddplab.course.release``).
+    """
+    from nbval.plugin import coalesce_streams
+    kinds = []
+    for out in coalesce_streams([nbformat.from_dict(copy.deepcopy(o)) for o in outputs]):
+        if out.output_type == "stream":
+            if sanitize(out.text, patterns).strip():
+                kinds.append(["stream", out.name])
+        elif out.output_type == "error" or out.get("data"):
+            # a live output area ends empty (ddplab.lab.live): nothing shown, nothing compared
+            kinds.append([out.output_type, *sorted(out.get("data", {}))])
+    flat = comparable(outputs, patterns)
+    if not values:
+        flat = {key: [_without_numbers(v) if isinstance(v, str) else v for v in found]
+                for key, found in flat.items()}
+    text = json.dumps([kinds, flat], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _without_numbers(text: str) -> str:
+    """``text`` with each number (``104,488``, ``9.38``, ``1e-12``) a ``0`` and each run of spaces one."""
+    return re.sub(r"[ \t]+", " ", re.sub(r"[-+]?\d[\d,.]*(?:[eE][-+]?\d+)?", "0", text))
+
+
 def difference(expected: list, got: list, patterns) -> str:
     """'' if ``got`` matches ``expected`` the way nbval compares them, else a short description."""
     want, have = comparable(expected, patterns), comparable(got, patterns)
@@ -87,10 +150,15 @@ def _first_line(values) -> str:
 
 @dataclass
 class Mark:
-    """One exercise of one submission."""
+    """One exercise of one submission: ``reason`` why it was lost (a check's whole feedback, as the
+    notebook shows it), or ``output``, what its check printed when it passed (its ``Correct:`` line)."""
     exercise: str
     passed: bool
     reason: str = ""
+    #: How long its exercise and check cells ran, in seconds (JUnit's time per test case).
+    seconds: float = 0.0
+    #: A passed check's printed lines (its pass line), for JUnit and Gradescope.
+    output: str = ""
 
 
 def score(steps: list[Step], found: list[Exercise], problems: dict[str, str],
@@ -114,8 +182,15 @@ def score(steps: list[Step], found: list[Exercise], problems: dict[str, str],
             # A set-up cell that timed out leaves the kernel without `ddplab`:
             # say that, not only the NameError it caused.
             why = f"{describe(broke)}: {broke.error}, so the cells after it ran without it; {why}"
-        marks.append(Mark(ex.name, not why, why))
+        spent = check.seconds + (exercise.seconds if exercise is not None else 0.0)
+        marks.append(Mark(ex.name, not why, why, spent, "" if why else _printed(check.outputs)))
     return marks
+
+
+def _printed(outputs: list) -> str:
+    """What a check cell printed on stdout (a passing check: its one ``Correct:`` line)."""
+    return "".join(str(o.get("text", "")) for o in outputs
+                   if o.get("output_type") == "stream" and o.get("name") == "stdout").strip()
 
 
 def _broken_before(steps: list[Step], check: Step) -> Step | None:

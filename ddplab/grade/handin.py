@@ -7,23 +7,23 @@ to be what it claims to be:
 - a **symbolic link** (to a file or a folder) is never followed: a link named
   ``mallory/06_build_all_reduce.ipynb`` pointing at the reference notebook, or
   at any file the grader can read, would otherwise be graded as Mallory's;
-- anything that is not a **regular file** (a FIFO, a device, a socket) is never
-  opened: opening a FIFO waits for a writer, and would stop the whole class;
+- anything that is not a **regular file** (a FIFO, a socket, a device, a folder
+  named like a notebook) is never opened: opening a FIFO waits for a writer,
+  and would stop the whole class. ``lstat`` decides first; the open itself is
+  non-blocking and never follows a link (``O_NONBLOCK | O_NOFOLLOW``), and
+  ``fstat`` checks what was opened, in case the entry was swapped since;
 - a file over ``MAX_SUBMISSION_BYTES`` is not read;
-- **one submission per notebook per student**: the student is the first folder
-  under the folder named (``submitted/alice/...``, however deep nbgrader's
-  layout puts the file: ``submitted/alice/ps1/01_x.ipynb`` is Alice's), so a
-  second copy deeper in Alice's folder (``alice/zoe/01_x.ipynb``) is refused,
-  not graded as a student called ``zoe``. Wherever a path has nbgrader's
-  ``submitted/<student>/<assignment>/`` in it, the student is the folder under
-  ``submitted``, however the paths were named (``submitted/*/ps1``, or a
-  student's folder alone): not ``ps1`` for all. Two paths named that hold one
-  student's notebook twice: the first is graded, the second refused.
+- **one graded copy per notebook per student**. Whose an entry is follows
+  ``ddplab.grade.students`` (a student is the folder that holds their
+  notebooks; sections, nbgrader's layout, ``--student-depth``). A student
+  who handed in one notebook twice (``alice/ps1/`` and ``alice/ps1_late/``) is
+  one row, graded on the newest copy (modification time; then the
+  shallowest, then by name), the others listed with it, never a row of zero
+  beside it. A copy that cannot be graded (a link, a FIFO) gives way to one
+  that can.
 
-Each refused entry is still a row of the class's report, with its reason: the
-run always completes and reports every submission. ``read_text`` opens a file
-without following a link and checks what it opened, so a file swapped for a
-link or a FIFO after it was listed is refused too.
+Each refused entry is still reported with its reason: the run always completes
+and reports every student.
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MAX_SUBMISSION_BYTES", "HandIn", "handed_in", "read_text"]
+from . import students
+from .students import Owner
+
+__all__ = ["MAX_SUBMISSION_BYTES", "HandIn", "handed_in", "read_bytes", "read_text"]
 
 #: The largest notebook graded. The course's largest reference, outputs and
 #: pictures in, is well under 1 MB; a submission 30 times that is not work.
@@ -42,18 +45,23 @@ MAX_SUBMISSION_BYTES = 32 * 2**20
 
 @dataclass(frozen=True)
 class HandIn:
-    """One submission found: whose it is, and why it is not graded (``refused``, or "")."""
+    """One student's submission of one notebook: its file, whose it is, and why it is not graded
+    (``refused``, or ""); ``copies``: the student's other copies of it, each with why it was not
+    the one graded."""
     path: Path
     student: str
     refused: str = ""
+    section: str = ""
+    copies: tuple[str, ...] = ()
 
 
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a folder")):
         if test(mode):
             return name
-    return "not a regular file"
+    return "of an unknown kind"
 
 
 def _why_not(path: Path) -> str:
@@ -66,7 +74,7 @@ def _why_not(path: Path) -> str:
         return ("is a symbolic link; ddplab grade never follows links in a hand-in folder "
                 "(it would read the link's target with the grader's rights). Hand in the file itself")
     if not stat.S_ISREG(info.st_mode):
-        return f"is {_kind(info.st_mode)}, not a notebook file; hand in the .ipynb file itself"
+        return f"is not a regular file ({_kind(info.st_mode)}); hand in the notebook file itself"
     if info.st_size > MAX_SUBMISSION_BYTES:
         return (f"is {info.st_size / 2**20:.0f} MB, over the {MAX_SUBMISSION_BYTES // 2**20} MB a "
                 f"submission may be; clear its outputs (Edit > Clear Outputs of All Cells) "
@@ -74,81 +82,57 @@ def _why_not(path: Path) -> str:
     return ""
 
 
-#: The folder nbgrader collects hand-ins in: ``submitted/<student>/<assignment>/<notebook>``.
-NBGRADER_FOLDER = "submitted"
-
-
-def _student(path: Path, root: Path | None, reference_names: set[str]) -> str:
-    # Named below nbgrader's submitted/<student>/ (submitted/*/ps1, a student's folder, a file
-    # in it): the student is the folder under submitted, not the first one under what was named.
-    named = (root if root is not None else path.parent).absolute().parts
-    if NBGRADER_FOLDER in named[:-1]:
-        return named[len(named) - named[::-1].index(NBGRADER_FOLDER)]
-    if root is not None:
-        parts = path.relative_to(root).parts
-        if len(parts) > 1:
-            return parts[0]                  # submitted/alice/..., however deep
-        if path.name in reference_names:
-            return root.name                 # a folder of one student's notebooks
-        return path.stem                     # submitted/alice.ipynb
-    if path.name in reference_names and path.parent.name not in ("", "."):
-        return path.parent.name              # a file named on the command line
-    return path.stem
-
-
 def _entries(root: Path) -> list[Path]:
-    """Every ``.ipynb`` entry and every linked folder under ``root``, without following links."""
+    """Every ``.ipynb`` entry (a folder so named too, not entered) and every linked folder under
+    ``root``, without following links; by path."""
     found = []
     for folder, subfolders, files in os.walk(root, followlinks=False):
         here = Path(folder)
-        subfolders[:] = sorted(d for d in subfolders if d != ".ipynb_checkpoints")
-        found += [here / d for d in subfolders if (here / d).is_symlink()]
+        subfolders.sort()
+        found += [here / d for d in subfolders if (here / d).is_symlink() or d.endswith(".ipynb")]
+        subfolders[:] = [d for d in subfolders if d != ".ipynb_checkpoints"
+                         and not d.endswith(".ipynb") and not (here / d).is_symlink()]
         found += [here / f for f in files if f.endswith(".ipynb")]
-    # By student; within a student's folder, the shallowest first (the one graded).
-    return sorted(found, key=lambda p: (p.relative_to(root).parts[0], len(p.parts), p))
+    return sorted(found, key=lambda p: p.parts)
 
 
-def handed_in(paths: list[str | Path], reference_names: set[str]) -> list[HandIn]:
-    """The submissions in ``paths`` (notebooks, or folders of them), each with its student.
+@dataclass
+class _Found:
+    path: Path
+    owner: Owner
+    refused: str
 
-    ``reference_names`` are the course's notebook file names: ``alice/01_x.ipynb``
-    is Alice's, ``alice.ipynb`` too. Raises FileNotFoundError for a path that
+
+def handed_in(paths: list[str | Path], reference_names: set[str],
+              student_depth: int | None = None) -> list[HandIn]:
+    """The submissions in ``paths`` (notebooks, or folders of them): one per student and notebook.
+
+    ``reference_names`` are the course's notebook file names (``alice/01_x.ipynb``
+    is Alice's, ``alice.ipynb`` too); ``student_depth``: ``--student-depth``
+    (``ddplab.grade.students``). Raises FileNotFoundError for a path that
     does not exist or is neither a notebook nor a folder (the command is wrong);
     everything found inside a folder comes back, refused or not.
     """
-    found: list[HandIn] = []
-    seen: set[Path] = set()
-    first: dict[tuple[str, str], Path] = {}
+    found: dict[Path, _Found] = {}
     for named in map(Path, paths):
-        for handin in _named(named, reference_names):
-            if handin.path.absolute() in seen:           # a file named twice is one submission
-                continue
-            seen.add(handin.path.absolute())
-            graded = first.setdefault((handin.student, handin.path.name), handin.path)
-            if not handin.refused and graded != handin.path:   # named apart: submitted/*/ps1
-                handin = HandIn(handin.path, handin.student,
-                                f"is a second {handin.path.name} of {handin.student}'s; one "
-                                f"submission per notebook per student: {graded} is the one graded")
-            found.append(handin)
-    return found
+        for entry in _named(named, reference_names, student_depth):
+            found.setdefault(entry.path.absolute(), entry)      # a file named twice is one submission
+    return _one_per_student(list(found.values()))
 
 
-def _named(named: Path, reference_names: set[str]) -> list[HandIn]:
-    """The submissions in one path given on the command line."""
+def _named(named: Path, reference_names: set[str], asked: int | None) -> list[_Found]:
+    """The entries in one path given on the command line, each with its owner."""
     if named.is_dir():                   # a folder the instructor names is trusted; links in it are not
-        found, first = [], {}
-        for path in _entries(named):
-            student = _student(path, named, reference_names)
-            refused = _why_not(path)
-            if not refused and path.suffix == ".ipynb":
-                graded = first.setdefault((student, path.name), path)
-                if graded != path:
-                    refused = (f"is a second {path.name} in {student}'s folder; one submission per "
-                               f"notebook per student: {graded.relative_to(named)} is the one graded")
-            found.append(HandIn(path, student, refused))
-        return found
+        entries = _entries(named)
+        notebooks = [e for e in entries if e.suffix == ".ipynb"]
+        depth = students.depth_of(named, notebooks, reference_names, asked)
+        owners = [students.owner(e, named, depth, asked is not None,
+                                 is_folder=e.suffix != ".ipynb") for e in entries]
+        if asked is None:
+            students.say_layout(named, depth, owners, entries)
+        return [_Found(e, o, o.outside or _why_not(e)) for e, o in zip(entries, owners)]
     if named.suffix == ".ipynb" and (named.exists() or named.is_symlink()):
-        return [HandIn(named, _student(named, None, reference_names), _why_not(named))]
+        return [_Found(named, students.owner_of_file(named, reference_names), _why_not(named))]
     if not named.exists():
         raise FileNotFoundError(f"ddplab: {named} does not exist. Check the path, and name "
                                 f"notebooks (.ipynb) or folders that hold them.")
@@ -156,25 +140,67 @@ def _named(named: Path, reference_names: set[str]) -> list[HandIn]:
                             f"Name notebooks or folders that hold them.")
 
 
-def read_text(path: Path) -> str:
-    """The file's text, opened without following a link or waiting on a FIFO.
+def _mtime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _one_per_student(found: list[_Found]) -> list[HandIn]:
+    """One HandIn per student and notebook, in the order found; two folders are never one student."""
+    by_student: dict[tuple[Path, str], list[_Found]] = {}
+    for entry in found:
+        by_student.setdefault((entry.owner.folder.absolute(), entry.path.name), []).append(entry)
+    # Two folders named alike (``ddplab grade sec1/ sec2/``, each with an alice) stay two rows:
+    # the second is told apart by the path of its folder.
+    names: dict[tuple[str, str], Path] = {}
+    shown: dict[Path, str] = {}
+    for folder, _ in by_student:
+        entry = by_student[(folder, _)][0]
+        pair = (entry.owner.section, entry.owner.student)
+        if names.setdefault(pair, folder) != folder:
+            shown[folder] = str(entry.owner.folder.parent)
+    handins = []
+    for (folder, _), copies in by_student.items():
+        # The newest copy that can be graded; then the shallowest, then by name.
+        copies.sort(key=lambda e: (bool(e.refused), -_mtime(e.path), len(e.path.parts), e.path.parts))
+        graded, others = copies[0], copies[1:]
+        notes = tuple(f"{e.path} ({e.refused or 'an older copy'})" for e in others)
+        owner = graded.owner
+        handins.append(HandIn(graded.path, owner.student, graded.refused,
+                              shown.get(folder, owner.section), notes))
+    return handins
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes, opened without following a link or waiting on a FIFO.
 
     ValueError with a one-line reason (as ``plan.load_submission`` gives) if it is
-    not a regular UTF-8 file of at most ``MAX_SUBMISSION_BYTES``: it may have
-    changed since ``handed_in`` listed it.
+    not a regular file of at most ``MAX_SUBMISSION_BYTES``: it may have changed
+    since ``handed_in`` listed it. The second guard after ``_why_not``'s lstat:
+    the open cannot block (``O_NONBLOCK``) or follow a link (``O_NOFOLLOW``), and
+    ``fstat`` checks what was opened before a byte is read.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as file:
-            mode = os.fstat(file.fileno()).st_mode
-            data = file.read(MAX_SUBMISSION_BYTES + 1) if stat.S_ISREG(mode) else b""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise ValueError(f"cannot read the file ({e.strerror}; a symbolic link is never followed)") from e
-    if not stat.S_ISREG(mode):
-        raise ValueError(f"the file is {_kind(mode)}, not a notebook file")
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"the file is not a regular file ({_kind(info.st_mode)})")
+        if info.st_size > MAX_SUBMISSION_BYTES:
+            raise ValueError(f"the file is over the {MAX_SUBMISSION_BYTES // 2**20} MB a submission may be")
+        data = file.read(MAX_SUBMISSION_BYTES + 1)
     if len(data) > MAX_SUBMISSION_BYTES:
         raise ValueError(f"the file is over the {MAX_SUBMISSION_BYTES // 2**20} MB a submission may be")
+    return data
+
+
+def read_text(path: Path) -> str:
+    """``read_bytes``, decoded as UTF-8; ValueError with the reason if it cannot be."""
     try:
-        return data.decode("utf-8")
+        return read_bytes(path).decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"cannot read the file ({e})") from e

@@ -24,6 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import GradeError
+from .handin import read_bytes
 
 
 def positive(option: str, value, default, what: str = "the default"):
@@ -95,9 +96,9 @@ def journal_for(targets: list[Path], resume: bool = False) -> "Journal | None":
 
 def key(submission: Path, reference: Path) -> str:
     """What a journal entry is for: the submission's content and the reference's path."""
-    try:
-        digest = hashlib.sha256(Path(submission).read_bytes()).hexdigest()
-    except OSError:
+    try:                    # opened as a hand-in is: never a FIFO, never through a link
+        digest = hashlib.sha256(read_bytes(Path(submission))).hexdigest()
+    except ValueError:
         digest = "unreadable-" + os.urandom(8).hex()    # never matched: graded again on --resume
     return f"{digest}:{Path(reference).resolve()}:{Path(submission).resolve()}"
 

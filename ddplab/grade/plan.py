@@ -3,7 +3,12 @@
 The reference notebook names the exercises: each check cell has id
 ``check-<name>`` and tag ``check``; its exercise cell, just above, has id
 ``exercise-<name>`` and tag ``exercise``. A submission's cells are matched to
-them by id (by tag and source when a tool lost the ids), never by position.
+them by id, never by position. Some editors strip ids and tags (or give new
+ids): then a check cell is the cell whose source is the reference check's
+(the check call itself), and its exercise the nearest cell above it that
+holds the reference exercise's own lines, those outside its solution block
+(``%%ranks --timeout 15``, ``def my_ring(...):``), or, where it has none,
+the cell just above. A check cell found by none of these was deleted.
 ``plan`` lists the cells to run, the reference's copy in place of each check
 cell, a deleted check cell put back after its exercise, as ``Step``s that
 ``ddplab.grade.run`` runs and ``ddplab.grade.compare`` scores.
@@ -33,6 +38,7 @@ class Step:
     status: str = "pending"      # ok, error, timeout, died, not run
     error: str = ""              # a short reason when status is not ok
     outputs: list = field(default_factory=list)
+    seconds: float = 0.0         # how long it ran (its last run, when replayed)
 
 
 def describe(step: Step) -> str:
@@ -130,11 +136,16 @@ def load_submission(text: str):
         raise ValueError(f"valid JSON but not a notebook ({str(e).splitlines()[0]})") from e
 
 
-def plan(submission, found: list[Exercise]) -> tuple[list[Step], dict[str, str]]:
-    """The steps to run for a submission, and per exercise what is structurally wrong with it."""
+def plan(submission, found: list[Exercise], reference=None) -> tuple[list[Step], dict[str, str]]:
+    """The steps to run for a submission, and per exercise what is structurally wrong with it.
+
+    ``reference``: the reference notebook; a submission that lost its ids and tags takes the
+    nbval tags (``raises-exception``, ``nbval-skip``) of the reference cell with its source.
+    """
     code = [c for c in submission.cells if c.cell_type == "code"]
     role: dict[int, tuple[str, Exercise]] = {}       # index in code -> (role, exercise)
     problems: dict[str, str] = {}
+    lost_ids = not any(str(c.get("id", "")).startswith(("exercise-", "check-")) for c in code)
     for ex in found:
         check_id = ex.check.get("id", "")
         at = next((i for i, c in enumerate(code) if check_id and c.get("id") == check_id
@@ -142,8 +153,12 @@ def plan(submission, found: list[Exercise]) -> tuple[list[Step], dict[str, str]]
         if at is None:     # ids lost by a tool: the untouched check cell, by tag and source
             at = next((i for i, c in enumerate(code) if i not in role and "check" in _tags(c)
                        and _normal(c.source) == _normal(ex.check.source)), None)
+        if at is None:     # ids and tags lost: by its source alone (the check call)
+            at = next((i for i, c in enumerate(code) if i not in role
+                       and _normal(c.source) == _normal(ex.check.source)), None)
         if at is None:
-            problems[ex.name] = f"check cell {check_id or ex.name} was deleted"
+            problems[ex.name] = (f"check cell {check_id or ex.name} was deleted (no cell has its "
+                                 f"id, its tag or its source)")
         else:
             role[at] = ("check", ex)
             if _normal(code[at].source) != _normal(ex.check.source):
@@ -152,6 +167,8 @@ def plan(submission, found: list[Exercise]) -> tuple[list[Step], dict[str, str]]
         mine = next((i for i, c in enumerate(code) if c.get("id") == want and i not in role), None)
         if mine is None and at is not None and at and "exercise" in _tags(code[at - 1]):
             mine = at - 1 if (at - 1) not in role else None
+        if mine is None and at is not None and lost_ids:
+            mine = _exercise_above(code, at, ex, role)
         if mine is None:
             problems.setdefault(ex.name, f"exercise cell {want} was deleted")
         else:
@@ -162,16 +179,47 @@ def plan(submission, found: list[Exercise]) -> tuple[list[Step], dict[str, str]]
                 del role[at]
                 problems[ex.name] = (f"check cell {check_id or ex.name} was moved above its "
                                      f"exercise cell {want}; keep it below")
+    tagged = ({_normal(c.source): c for c in reference.cells if c.cell_type == "code"}
+              if lost_ids and reference is not None else {})
     steps = []
     for i, cell in enumerate(code):
         kind, ex = role.get(i, ("other", None))
         source = ex.check.source if kind == "check" else cell.source
+        marked = tagged.get(_normal(cell.source), cell)
         steps.append(Step(source, kind, ex.name if ex else "", cell.get("id", ""),
                           ex.exercise.source if kind == "exercise" and ex.exercise else "",
-                          expect_error=_nbval_option(cell, "check_exception", "raises-exception"),
-                          skip=kind == "other" and _nbval_option(cell, "skip", "nbval-skip")))
+                          expect_error=_nbval_option(marked, "check_exception", "raises-exception"),
+                          skip=kind == "other" and _nbval_option(marked, "skip", "nbval-skip")))
     _put_back_deleted_checks(steps, found)
     return steps, problems
+
+
+def _own_lines(source: str) -> set[str]:
+    """The lines of a reference exercise outside its solution block, that a student's copy keeps
+    (``%%ranks --timeout 15``, ``def my_ring(tensor):``): not blank, not comments."""
+    lines, inside = set(), False
+    for line in source.splitlines():
+        line = line.strip()
+        if line.startswith("### BEGIN SOLUTION") or line.startswith("### END SOLUTION"):
+            inside = line.startswith("### BEGIN")
+        elif line and not inside and not line.startswith("#"):
+            lines.add(line)
+    return lines
+
+
+def _exercise_above(code: list, at: int, ex: Exercise, role: dict) -> int | None:
+    """The exercise cell of check cell ``code[at]`` in a notebook without ids and tags: the
+    nearest cell above it (not past another check) holding the reference exercise's own lines;
+    where the exercise has none, the cell just above."""
+    own = _own_lines(ex.exercise.source) if ex.exercise is not None else set()
+    for i in range(at - 1, -1, -1):
+        if role.get(i, ("",))[0] == "check":
+            return None
+        if i in role:
+            continue
+        if not own or own <= {line.strip() for line in code[i].source.splitlines()}:
+            return i
+    return None
 
 
 def _put_back_deleted_checks(steps: list[Step], found: list[Exercise]) -> None:

@@ -1,23 +1,46 @@
 """Grades as a table for people, CSV for a gradebook, JUnit XML for CI systems, Gradescope's
 ``results.json`` and a gradebook CSV that Canvas imports.
 
-All take the list of ``ddplab.grade.class_run.Grade`` that ``grade()`` returns.
-The table shows one row per submission, ``pass``/``FAIL`` per exercise and
-the total, then one line per lost exercise saying why::
+All take the list of ``ddplab.grade.class_run.Grade`` that ``grade()`` returns:
+one per student and notebook (a student's other copies of a notebook are listed
+with it, never rows of their own). A student in a section is shown as
+``section/student``. The table shows one row per submission, ``pass``/``FAIL``
+per exercise and the total, then each lost exercise with why: a check's feedback
+whole, as the student saw it in the notebook (headline, table, hint), indented
+under its first line::
 
     student  notebook        total  total_ex  ring
     alice    01_p2p          2/2    pass      pass
     bob      01_p2p          1/2    pass      FAIL
 
-    bob      ring: check: AssertionError: ring is wrong on rank 1.
+    bob      ring: check: token is wrong on rank 1.
+                    rank 0: expected ...
+                    Hint: ...
+
+Every export carries that same text (``Mark.reason``): the CSV's reasons,
+JUnit's failure, Gradescope's ``output``; a passed exercise carries its
+check's pass line (``Mark.output``) where the format has room for it.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from xml.etree import ElementTree as ET
+
+from .gradebook import CANVAS_IDENTITY, to_canvas, write_rows
+
+__all__ = ["CANVAS_IDENTITY", "table", "to_canvas", "to_csv", "to_gradescope", "to_junit"]
+
+
+def _who(g) -> str:
+    """The student as the table and JUnit show them: ``section/student`` in a section."""
+    return f"{g.section}/{g.student}" if g.section else g.student
+
+
+def _copies(g) -> str:
+    """The line that says which copy was graded, where the student handed in more than one."""
+    return (f"{g.notebook}: graded {g.path}, the newest of {len(g.copies) + 1} copies; not graded: "
+            f"{'; '.join(g.copies)}") if g.copies else ""
 
 
 def _columns(grades) -> list[str]:
@@ -41,34 +64,40 @@ def table(grades) -> str:
     """A fixed-width score table, then the reason for each failure."""
     names = _columns(grades)
     head = ["student", "notebook", "total", *names]
-    rows = [[g.student, g.notebook, "error" if g.error else f"{g.score}/{len(g.marks)}",
+    rows = [[_who(g), g.notebook, "error" if g.error else f"{g.score}/{len(g.marks)}",
              *(_cell(g, n) for n in names)] for g in grades]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in [head, *rows]]
     reasons = []
-    who = max((len(g.student) for g in grades), default=0)
+    who = max((len(_who(g)) for g in grades), default=0)
     for g in grades:
+        if g.copies:
+            reasons.append(f"{_who(g).ljust(who)}  {_copies(g)}")
         if g.error:
-            reasons.append(f"{g.student.ljust(who)}  error: {g.error}")
+            reasons.append(f"{_who(g).ljust(who)}  error: {g.error}")
             continue
-        reasons += [f"{g.student.ljust(who)}  {m.exercise}: {m.reason}"
-                    for m in g.marks if not m.passed]
+        for m in g.marks:
+            if not m.passed:
+                first, *rest = (m.reason or "").splitlines() or [""]
+                head = f"{_who(g).ljust(who)}  {m.exercise}: "
+                reasons += [head + first, *(" " * len(head) + line for line in rest)]
     return "\n".join(lines + ([""] + reasons if reasons else [])) + "\n"
 
 
 def to_csv(grades) -> str:
-    """One row per submission: 1/0 per exercise, score, out of, and the reasons."""
+    """One row per submission: 1/0 per exercise, score, out of, the reasons, the student's section
+    and their other copies; no cell a spreadsheet would run (``gradebook.spreadsheet_cell``)."""
     names = _columns(grades)
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["student", "notebook", *names, "score", "out_of", "error", "reasons"])
+    rows: list[list] = [["student", "notebook", *names, "score", "out_of", "error", "reasons",
+                         "section", "copies"]]
     for g in grades:
         passed = {m.exercise: int(m.passed) for m in g.marks}
-        writer.writerow([g.student, g.notebook, *(passed.get(n, "") for n in names),
-                         g.score, len(g.marks), g.error,
-                         "; ".join(f"{m.exercise}: {m.reason}" for m in g.marks
-                                   if not m.passed and not g.error)])
-    return out.getvalue()
+        rows.append([g.student, g.notebook, *(passed.get(n, "") for n in names),
+                     g.score, len(g.marks), g.error,
+                     "; ".join(f"{m.exercise}: {m.reason}" for m in g.marks
+                               if not m.passed and not g.error),
+                     g.section, _copies(g)])
+    return write_rows(rows)
 
 
 def to_junit(grades) -> str:
@@ -79,19 +108,23 @@ def to_junit(grades) -> str:
         suite = ET.SubElement(suites, "testsuite", name=notebook)
         tests = failures = errors = 0
         for g in mine:
-            classname = f"{notebook}.{g.student}"
+            classname = f"{notebook}.{_who(g)}"
             if g.error:
                 case = ET.SubElement(suite, "testcase", classname=classname, name="notebook",
-                                     time="0")
+                                     time=f"{g.seconds:.1f}")
                 ET.SubElement(case, "error", message=g.error)
                 tests, errors = tests + 1, errors + 1
                 continue
             for m in g.marks:
                 case = ET.SubElement(suite, "testcase", classname=classname, name=m.exercise,
-                                     time=f"{g.seconds / max(len(g.marks), 1):.1f}")
+                                     time=f"{m.seconds:.1f}")
                 if not m.passed:
-                    ET.SubElement(case, "failure", message=m.reason)
+                    # The first line as the message (what a CI list shows), the whole feedback as text.
+                    failure = ET.SubElement(case, "failure", message=(m.reason or "").split("\n")[0])
+                    failure.text = m.reason
                     failures += 1
+                elif m.output:
+                    ET.SubElement(case, "system-out").text = m.output
                 tests += 1
         suite.set("tests", str(tests))
         suite.set("failures", str(failures))
@@ -104,8 +137,10 @@ def to_gradescope(grades) -> str:
     """Gradescope's ``results.json`` for one student's submission: a test per exercise.
 
     Gradescope runs its autograder once per student, so ``grades`` are one
-    student's notebooks. Each test's ``output`` is the reason a check gave (the
-    checks name the mistake and never print the answer), which the student sees.
+    student's notebooks. Each test's ``output`` is what the student saw in the
+    notebook: a lost exercise's feedback whole (the headline that names the
+    mistake, the per-rank table, the hint; never the answer), a passed one's
+    ``Correct:`` line.
     """
     tests = []
     for g in grades:
@@ -115,34 +150,11 @@ def to_gradescope(grades) -> str:
                           "visibility": "visible"})
             continue
         tests += [{"name": f"{g.notebook}: {m.exercise}", "score": int(m.passed), "max_score": 1,
-                   "output": "" if m.passed else m.reason, "visibility": "visible"}
+                   "output": m.output if m.passed else m.reason, "visibility": "visible"}
                   for m in g.marks]
-    return json.dumps({"score": sum(t["score"] for t in tests), "tests": tests,
-                       "stdout_visibility": "hidden"}, indent=1) + "\n"
-
-
-#: The columns a Canvas gradebook import starts with (Canvas matches students by ID or SIS
-#: Login ID, and ignores the other identity columns when they are empty).
-CANVAS_IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
-
-
-def to_canvas(grades) -> str:
-    """A gradebook CSV for Canvas's import: one row per student, one column of points per notebook.
-
-    The student is the hand-in folder's name, written as both ``Student`` and
-    ``SIS Login ID`` (name the folders by login). The second row is
-    ``Points Possible``, so Canvas creates each notebook's assignment with its
-    number of exercises. Moodle and Blackboard import the same shape: a name
-    column, a login column, then a points column per assignment.
-    """
-    notebooks = list(dict.fromkeys(g.notebook for g in grades))
-    possible = {nb: max((len(g.marks) for g in grades if g.notebook == nb), default=0)
-                for nb in notebooks}
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([*CANVAS_IDENTITY, *notebooks])
-    writer.writerow(["Points Possible", "", "", "", "", *(possible[nb] for nb in notebooks)])
-    for student in dict.fromkeys(g.student for g in grades):
-        scores = {g.notebook: (0 if g.error else g.score) for g in grades if g.student == student}
-        writer.writerow([student, "", "", student, "", *(scores.get(nb, "") for nb in notebooks)])
-    return out.getvalue()
+    results = {"score": sum(t["score"] for t in tests), "tests": tests,
+               "stdout_visibility": "hidden"}
+    copies = [_copies(g) for g in grades if g.copies]
+    if copies:
+        results["output"] = "\n".join(copies)
+    return json.dumps(results, indent=1) + "\n"

@@ -34,6 +34,7 @@ import json
 import logging
 import re
 import secrets
+import time
 
 import nbformat
 
@@ -53,8 +54,16 @@ print("ddplab-probe:", _ddplab_grade_probe())
 del _ddplab_grade_probe"""
 
 
+#: The exception every ``ddplab.check`` checker fails with (``ddplab.check.Feedback``), by name:
+#: its message is what the student saw in the notebook, kept whole for every export.
+FEEDBACK = "Feedback"
+
+
 def reason(ename: str, evalue: str) -> str:
-    """A one-line reason from an error: for a RankError, what the rank raised."""
+    """The reason from an error: a check's ``Feedback`` whole (headline, table, hint: the notebook's
+    text), else one line (for a RankError, what the rank raised)."""
+    if ename == FEEDBACK:
+        return evalue.strip()
     lines = [line.strip() for line in evalue.strip().splitlines() if line.strip()]
     if ename == "RankError":
         blocks = re.split(r"^--- rank (\d+) ---$", evalue, flags=re.M)
@@ -152,7 +161,7 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = 
             if step.skip:
                 step.status = "ok"
                 continue
-            broke = False
+            broke, began = False, time.monotonic()
             if step.role == "check" and witnessed and witness.witnessable(step.source):
                 broke = _witness(kernel, step, cwd, cell_timeout)
             elif step.role == "check":
@@ -165,6 +174,7 @@ def execute(steps: list[Step], cwd: str, cell_timeout: float, witnessed: bool = 
                                   "with, or it never finished")
             else:
                 step.status, step.outputs, step.error = kernel.run(step.source)
+            step.seconds = time.monotonic() - began
             if step.status != "ok" and step.role in ("exercise", "check"):
                 failed.add(step.name)
             if step.status == "error" and step.expect_error and step.role == "other":

@@ -22,7 +22,10 @@ What that gives, and why each part:
   (``ANSWER_MODULES``: ``ddplab.algorithms``, notebook 06's all_reduces): each
   is replaced by a stand-in that runs its compiled code, so the demos work and
   there is no source to read or copy (a copy of the code objects is still the
-  reference: ``ddplab.check._reference`` recognises it by its instructions).
+  reference: ``ddplab.check.nb06_build_all_reduce._reference`` recognises it by its instructions).
+  The checkers' answer keys (``ddplab/check/_keys/``) are empty files inside;
+  the grading worker, which runs every check itself, gets them compiled in a
+  file it reads and deletes before the submission's first cell runs.
   ``/tmp`` is a fresh, private tmpfs; the
   only writable folder is the submission's scratch folder, which holds a copy
   of its notebook and is its working directory. ``$HOME`` is in ``/tmp``.
@@ -73,7 +76,8 @@ def unavailable_reason() -> str:
                 "apt-get install bubblewrap (tools/ensure_sandbox.sh)")
     from .. import procs
     try:
-        probe = procs.run([wrap(["/bin/true"], scratch=None, bwrap=bwrap)], timeout=30)
+        with procs.adopting():          # the probe's sandbox leaves an orphan too: reaped here
+            probe = procs.run([wrap(["/bin/true"], scratch=None, bwrap=bwrap)], timeout=30)
     except OSError as e:
         return f"bwrap cannot start here ({e})"
     if not probe.ok:
@@ -128,6 +132,33 @@ def _write_stand_ins(folder: Path) -> list[tuple[Path, Path]]:
     return made
 
 
+#: The variable naming the answer keys' file for the grading worker (``ddplab.check._keys`` reads
+#: it when imported, deletes the file, and takes the variable out of the environment it passes on).
+ANSWER_KEYS_VARIABLE = "DDPLAB_ANSWER_KEYS"
+
+
+def answer_key_sources() -> list[Path]:
+    """The installed sources of ``ddplab.check``'s answer keys (``ddplab/check/_keys/*.py``)."""
+    import ddplab
+    folder = Path(ddplab.__file__).resolve().parent / "check" / "_keys"
+    return sorted(p for p in folder.glob("*.py") if p.name != "__init__.py")
+
+
+def answer_keys_blob() -> bytes:
+    """Every answer key compiled and marshalled: ``{name: marshalled code}``, what the worker seals."""
+    import marshal
+    return marshal.dumps({p.stem: marshal.dumps(compile(p.read_text(), str(p), "exec"))
+                          for p in answer_key_sources()})
+
+
+def _write_answer_keys(scratch: Path) -> Path:
+    """The compiled keys in ``scratch`` (readable by a worker of another user; it deletes them)."""
+    path = scratch / "answer-keys"
+    path.write_bytes(answer_keys_blob())
+    path.chmod(0o644)
+    return path
+
+
 def wrap(command: list[str], *, scratch: Path | None, bwrap: str | None = None) -> list[str]:
     """``command`` run in a sandbox whose one writable folder is ``scratch`` (its working dir)."""
     args = [bwrap or shutil.which("bwrap") or "bwrap",
@@ -150,6 +181,13 @@ def wrap(command: list[str], *, scratch: Path | None, bwrap: str | None = None) 
         args += ["--ro-bind", str(scratch / "answers"), str(scratch / "answers")]
         for stand_in, installed in stand_ins:
             args += ["--ro-bind", str(stand_in), str(installed)]
+        # The checkers' answer keys: no source inside; the worker gets them compiled, in a file
+        # it deletes before the submission's first cell (ddplab.check._keys).
+        empty = scratch / "answers" / "empty.py"    # /dev/null would read as "permission denied"
+        empty.write_text("")
+        for source in answer_key_sources():
+            args += ["--ro-bind", str(empty), str(source)]
+        args += ["--setenv", ANSWER_KEYS_VARIABLE, str(_write_answer_keys(scratch))]
     args += ["--dir", "/tmp/home", "--setenv", "HOME", "/tmp/home", "--setenv", "TMPDIR", "/tmp"]
     return args + ["--", *command]
 

@@ -143,8 +143,9 @@ def asked(source: str) -> tuple[list[str], bool]:
     calls = (_checker_calls(tree) if tree is not None else None) or []
     names = sorted({n.id for call in calls for arg in [*call.args, *(k.value for k in call.keywords)]
                     for n in ast.walk(arg) if isinstance(n, ast.Name)} - GRADER_NAMES)
-    import ddplab.check.timeline as timeline
-    return names, any(call.func.attr in timeline.__all__ for call in calls)
+    import ddplab.check as checkers
+    return names, any(getattr(getattr(checkers, call.func.attr, None), "reads_trace", False)
+                      for call in calls)
 
 
 def ask(source: str) -> str:

@@ -38,7 +38,9 @@ Failure modes, and what you see
   The stuck engines cannot be freed from inside; ``lab.restart()`` recovers.
   Sending a result back is not counted. For jobs (``lab.spawn``,
   ``lab.run_script``) ``timeout`` is a no-progress timeout: a long job that
-  computes or communicates runs on (``ddplab.lab.stall``).
+  computes or communicates runs on (``ddplab.lab.stall``), but a rank that
+  waited a whole timeout in one call ends it. A rank that returned while the
+  others wait in a call is said at once, in a cell or a job.
 - A ``%%rank N`` cell that is still running after ``grace`` seconds (a send
   waiting for its recv) returns at once and keeps running on its rank; its
   output appears under the next ddplab cell that finishes, or ``lab.wait()``.

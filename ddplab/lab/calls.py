@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import DdplabError, EngineDiedError, HangError, RankError
-from ..text import plural
+from ..text import plural, shorten
 from . import bars, debugger, diagnose, display, flight, live
 from .ranks import Loss, Ranks
 from .stall import Watch
@@ -38,6 +38,9 @@ from .stall import Watch
 #: After one rank fails, how long the others get to finish before we conclude
 #: they are waiting for it (in a collective, or a recv) and report the failure.
 FAILURE_SETTLE = 1.0
+#: The most of one rank's error a ``RankError``'s message shows (the notebook gets all of it
+#: otherwise: a 10 MB message, 10 MB of output); ``RankError.failures`` keeps the whole.
+ERROR_CHARS = 20_000
 #: ``broken`` after a rank failed while others waited for it. The failed rank
 #: itself is idle, so a post-mortem on it (``lab.debug()``) still works.
 STUCK_AFTER_FAILURE = "ranks are stuck waiting for a rank that failed."
@@ -61,6 +64,7 @@ class Calls:
         self.pending: list[Task] = []  # %%rank cells left running after their grace
         self.broken = ""               # why the lab needs a restart, if it does
         self.failed: list[int] = []    # the ranks of the last RankError (``lab.debug`` looks there)
+        self.raised: dict[int, str] = {}   # each rank's last error: which cell, when (``lab.debug``)
 
     # ------------------------------------------------------------- sending
     def submit(self, ranks: list[int], fn: Callable, *args: Any) -> list[Task]:
@@ -120,6 +124,7 @@ class Calls:
         self.pending.clear()
         self.broken = ""
         self.failed = []
+        self.raised = {}
 
     # ------------------------------------------------------------- waiting
     def await_join(self, tasks: list[Task], timeout: float) -> None:
@@ -149,6 +154,7 @@ class Calls:
         failures = _failures(tasks)
         if failures:
             self.failed = sorted(failures)
+        self.raised.update({rank: _when() for rank in {**failures, **_failures(pending)}})
         # Ranks still running beside a failure are about to be reported stuck.
         self._replay(everything, stuck=bool(failures and still))
         late = _failures(pending)
@@ -169,7 +175,8 @@ class Calls:
         elif still:
             self._say_still_running(still)
         if failures:
-            raise rank_error(failures)
+            returned = sorted(t.rank for t in tasks if t.outcome is not None and t.outcome["ok"])
+            raise rank_error(failures, returned)
 
     def wait_pending(self, timeout: float) -> None:
         """Wait for cells still running from earlier ``%%rank`` cells; their failures raise."""
@@ -217,6 +224,10 @@ class Calls:
                     failed_at = now
                 if failed_at is not None and now - failed_at >= FAILURE_SETTLE:
                     return "failed"
+                if watch is not None and failed_at is None and watch.abandoned(
+                        sorted({t.rank for t in undone}),
+                        sorted({t.rank for t in tasks if t.outcome and id(t) in own_ids}), timeout):
+                    return "timeout"             # ranks wait for nothing that can come: say it now
                 if now >= deadline:
                     more = 0.0 if watch is None else \
                         watch.more(sorted({t.rank for t in undone}), timeout)
@@ -226,8 +237,13 @@ class Calls:
                     continue
                 if not undone[0].result.wait(min(0.2, deadline - now)):
                     self.check_alive()           # no news for a while: is someone dead?
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as interrupt:
             self._interrupt(tasks)
+            # IPython shows this one line instead of the stack of ddplab's, ipyparallel's and
+            # threading's frames the interrupt met; what became of the ranks is said above.
+            interrupt._render_traceback_ = lambda: [
+                "KeyboardInterrupt: the call was interrupted (what became of the ranks is said "
+                "above)"]
             raise
         finally:
             areas.close()                        # the final output is printed after this
@@ -292,7 +308,12 @@ class Calls:
         """Say which ranks a cell left running, and whether each waits for another rank."""
         ranks = sorted({t.rank for t in still})
         frames = self.engines.frames(ranks, time.monotonic() + 4)
+        said = self.engines.collectives(ranks, time.monotonic() + 2)   # what a stack hides
         doing = {rank: diagnose.activity(frames.get(rank, [])) for rank in ranks}
+        doing = {rank: (in_dist or flight.refine("", said.get(rank, [])).startswith(
+                            "in Work.wait"),
+                        flight.refine("", said.get(rank, [])) or what)
+                 for rank, (in_dist, what) in doing.items()}
         waiting = [rank for rank in ranks if doing[rank][0]]
         tail = ("It keeps running; its output appears when a later ddplab cell finishes, "
                 "or call lab.wait().")
@@ -335,7 +356,12 @@ class Calls:
         still = sorted({t.rank for t in tasks if t.outcome is None})
         seen = watch.seen(still) if watch is not None else None   # the stacks it just read
         where, stacks = seen or self._locate([t for t in tasks if t.outcome is None], 4)
-        busy = sorted(r for r in where if diagnose.busy_in_own_code(stacks.get(r, "")))
+        collectives = self.engines.collectives(list(range(self.engines.world_size)),
+                                               time.monotonic() + 2)
+        where = {rank: flight.refine(line, collectives.get(rank, [])) for rank, line in where.items()}
+        # In its own code: as the rank says it (its site), else as its stack suggests.
+        busy = sorted(r for r in where if flight.site(collectives.get(r, [])).get(
+            "own", diagnose.busy_in_own_code(stacks.get(r, ""))))
         head = watch.headline(timeout) if watch is not None else ""
         lines = [head or f"ddplab: the {what} did not finish within timeout={timeout:g} s; "
                  + diagnose.headline(busy, sorted(set(where) - set(busy)), timeout)]
@@ -350,14 +376,14 @@ class Calls:
             lines.append(f"  rank {rank}: " + (f"still {at}" if at else state))
         if any(diagnose.waiting_to_join(w) for w in where.values()):
             lines.append(diagnose.join_hint(self.engines.world_size))
-        collectives = self.engines.collectives(list(range(self.engines.world_size)),
-                                               time.monotonic() + 2)
         capped = watch is not None and watch.stopped == "limit"
         # A job stopped at its cap was moving: no verdict on who waits for whom.
-        lines += [line for line in flight.report(collectives, busy)
+        lines += [line for line in flight.report(collectives, busy, timeout)
                   if not (capped and line.startswith("ddplab:"))]
-        hint = "" if capped else (diagnose.deadlock_hint(states, where, stacks)
-                                  or flight.call_hint(collectives))
+        # The calls' own arguments (a tag, a src) are evidence; the pattern of where ranks wait
+        # is a guess: with a third rank finished, a tag mismatch read as waiting for that rank.
+        hint = "" if capped else (flight.call_hint(collectives)
+                                  or diagnose.deadlock_hint(states, where, stacks))
         if hint:
             lines.append(hint)
         for rank, stack in stacks.items():
@@ -373,6 +399,16 @@ def _failures(tasks: list[Task]) -> dict[int, str]:
             if t.outcome is not None and not t.outcome["ok"]}
 
 
+def _when() -> str:
+    """Which cell of the notebook runs now, and the time: ``cell In [7], at 14:02:11``."""
+    try:
+        from IPython import get_ipython
+        count = getattr(get_ipython(), "execution_count", None)
+    except ImportError:
+        count = None
+    return (f"cell In [{count}], " if count else "") + time.strftime("at %H:%M:%S")
+
+
 def _replay_stuck(task: Task) -> None:
     """Show what a stuck rank printed before it got stuck: its last live screen."""
     text = live.screen(task.result)
@@ -382,9 +418,18 @@ def _replay_stuck(task: Task) -> None:
                        "(stuck; what it printed last, before the diagnosis below)")
 
 
-def rank_error(failures: dict[int, str]) -> RankError:
-    """The ``RankError`` for tracebacks by rank: one head line, then each rank's traceback."""
+def rank_error(failures: dict[int, str], returned: list[int] = ()) -> RankError:
+    """The ``RankError`` for tracebacks by rank: one head line, then each rank's traceback.
+
+    ``returned``: the ranks of the call that finished. When every failure is gloo's
+    "Connection closed by peer" in a torch.distributed call, the head says that those ranks
+    left without making the call the others waited in (``diagnose.peer_left``): no rank crashed.
+    """
     ranks = sorted(failures)
-    head = f"ddplab: the code raised on {plural(len(ranks), 'rank')} {', '.join(map(str, ranks))}."
-    body = "\n".join(f"--- rank {rank} ---\n{failures[rank]}" for rank in ranks)
+    waited = {rank: diagnose.waited_when_peer_left(text) for rank, text in failures.items()}
+    head = diagnose.peer_left(waited, list(returned)) if all(waited.values()) else ""
+    head = head or f"ddplab: the code raised on {plural(len(ranks), 'rank')} {', '.join(map(str, ranks))}."
+    body = "\n".join(f"--- rank {rank} ---\n"
+                     + shorten(failures[rank], ERROR_CHARS, f"the error's .failures[{rank}]")
+                     for rank in ranks)
     return RankError(f"{head}\n{body}", failures)

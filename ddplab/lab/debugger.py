@@ -46,6 +46,7 @@ from typing import Any, Iterator
 
 from ..errors import DdplabError
 from ..rank.debugger import REQUEST_KEY
+from ..text import plural
 from . import display, live
 from .channel import published
 
@@ -281,6 +282,13 @@ def post_mortem(calls: Any, rank: int | None, timeout: float) -> None:
         if len(calls.failed) > 1:
             display.say(f"ddplab: ranks {', '.join(map(str, calls.failed))} raised; debugging "
                         f"rank {rank} (lab.debug(rank=N) for another).")
+    elif rank not in calls.failed and rank in calls.raised:
+        failed = calls.failed
+        last = (f"{plural(len(failed), 'rank')} {', '.join(map(str, failed))} did, "
+                f"{calls.raised.get(failed[0], 'later')}" if failed else "no rank did")
+        display.say(f"ddplab: rank {rank} did not raise in the last call that failed ({last}). "
+                    f"The error below is rank {rank}'s own last one, from an earlier call: "
+                    f"{calls.raised[rank]}.")
     stuck = calls.ensure_idle(rank)
     task = calls.call(rank, engine.call, on_rank.post_mortem, (), {})
     calls.finish([task], timeout, grace=None)

@@ -149,6 +149,42 @@ def write_launch_json(folder: str, ports: dict[int, int]) -> str:
     return path
 
 
+class Block:
+    """What ``lab.debugpy(...)`` returns: a ``with`` block that says so if it is never entered.
+
+    Called as a statement, a context manager does nothing, silently: ``lab.debugpy(ranks=1)``
+    alone attached nothing. This one says what to write, when the notebook shows it (the
+    cell's last line) or when it is dropped unused (any other line).
+    """
+
+    def __init__(self, inner: Any, spelled: str, ranks: list[int]) -> None:
+        self.inner, self.spelled, self.ranks = inner, spelled, ranks
+        self.told = self.entered = False
+
+    def __enter__(self) -> None:
+        self.entered = True
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.inner.__exit__(*exc)
+
+    def advice(self) -> str:
+        return (f"ddplab: {self.spelled} did nothing: it is a with-block, entered only by `with`. "
+                f"Write\n    with lab.debugpy(ranks={self.ranks}):\n        lab.run(fn)   # or "
+                f"any calls to debug\nor run one cell under VS Code with %%ranks --debugpy "
+                f"{' '.join(map(str, self.ranks))}.")
+
+    def __repr__(self) -> str:
+        if self.entered:
+            return f"<{self.spelled}>"
+        self.told = True
+        return self.advice()
+
+    def __del__(self) -> None:
+        if not self.entered and not self.told:
+            display.say(self.advice())
+
+
 class Session:
     """One ``lab.debugpy(...)`` block: see this module's docstring."""
 

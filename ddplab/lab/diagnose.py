@@ -22,6 +22,13 @@ from ..rank.where import CELL_PREFIX, is_user_code, locate
 from ..text import plural
 
 _FRAME = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>\S+)')
+#: A frame of a Python traceback (a comma before "in", unlike faulthandler's).
+_TRACEBACK_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+#: What gloo raises in a rank whose peer's end of a connection went away: the peer's group
+#: closed (its code returned, and ddplab or the process ending destroyed it) or its process died.
+PEER_CLOSED = ("Connection closed by peer", "Connection reset by peer")
+#: What torch puts before each line a torchrun worker's uncaught error writes: ``[rank0]:``.
+_LOG_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 
 
 def dump_stack(process: procs.Member, stack_file: str, deadline: float) -> str:
@@ -205,6 +212,49 @@ def death(ended: dict, where_line: str = "") -> str:
     return f"was ended by {name}."
 
 
+def waited_when_peer_left(text: str) -> str:
+    """Where a rank waited when gloo ended its call because a peer left, from the (last)
+    traceback in ``text`` (a rank's error, or a launched process's output, ``[rank0]:``
+    prefixes and all): ``in all_reduce (job line 8)``; "" unless that traceback ends in gloo's
+    "Connection closed by peer" (or reset) raised in a torch.distributed call."""
+    lines = [_LOG_PREFIX.sub("", line) for line in text.splitlines()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    if not starts:
+        return ""
+    body = lines[starts[-1] + 1:]
+    error = next((line for line in body if line and not line[0].isspace()), "")
+    if not any(mark in error for mark in PEER_CLOSED):
+        return ""
+    frames = []
+    for line in body[:body.index(error)]:
+        match = _TRACEBACK_FRAME.search(line)
+        if match:                # tracebacks shorten site-packages paths: torch/distributed/...
+            path = match["file"]
+            path = path if os.path.isabs(path) or path.startswith("<") else "/" + path
+            frames.append((path, int(match["line"]), match["func"]))
+    found = locate(reversed(frames))
+    return found.in_call() if found.in_dist else ""
+
+
+def peer_left(waited: dict[int, str], left: list[int], how: str = "finished") -> str:
+    """The verdict for ranks whose torch.distributed call gloo ended because ranks ``left``
+    (``how``: "finished", "returned") without making it; ``waited``: where each
+    waited (``waited_when_peer_left``). "" when there is nothing to say."""
+    if not waited or not left:
+        return ""
+    ranks = sorted(waited)
+    one, gone_one = len(ranks) == 1, len(left) == 1
+    where = (waited[ranks[0]] if one else
+             "; ".join(f"rank {rank} {waited[rank]}" for rank in ranks))
+    gone = f"{plural(len(left), 'rank')} {', '.join(map(str, left))}"
+    return (f"ddplab: {plural(len(ranks), 'rank')} {', '.join(map(str, ranks))} waited {where} "
+            f"for {gone}, which {how} without making that call: when "
+            f"{'its' if gone_one else 'their'} process group closed, gloo ended the wait with "
+            f"\"Connection closed by peer\" (no rank crashed). Every rank must make the same "
+            f"torch.distributed calls in the same order, each send with its recv: look for a "
+            f"call skipped behind an `if rank == ...`, or fewer loop steps.")
+
+
 def headline(busy: list[int], others: list[int], timeout: float) -> str:
     """What a hang report says first: a deadlock only when no rank is busy in its own code."""
     if not busy:
@@ -249,7 +299,7 @@ def _call(where_line: str) -> str:
     return "" if call.startswith("<") else call
 
 
-#: What a rank stuck in DDP's constructor is told (``check.training`` says the same of a check).
+#: What a rank stuck in DDP's constructor is told (``check.nb05_ddp_training`` says the same of a check).
 DDP_IS_A_COLLECTIVE = (
     "DDP(model) is itself a collective: the constructor checks that every rank's parameters "
     "have the same shapes and broadcasts rank 0's weights to all, so it returns only once every "
@@ -281,6 +331,12 @@ def deadlock_hint(states: dict[int, str], where: dict[int, str], stacks: dict[in
                 "matching recv is posted, so ranks that all send first wait for each other for "
                 "ever. Let one side receive first (e.g. even ranks send then receive, odd ranks "
                 "receive then send), or use dist.isend / dist.irecv and wait() on both.")
+    if all(call == "Work.wait" for call in calls.values()):
+        return ("Hint: every rank still running waits in .wait() on the handle an isend or irecv "
+                "(or a call with async_op=True) returned: it returns only once its message is "
+                "through, so the matching irecv or isend is missing, names another rank (dst=, "
+                "src=), or has another tag. Check each pair: same ranks, same tag, same size and "
+                "dtype.")
     idle = sorted(rank for rank, state in states.items() if state != "still running")
     if all(call in ("send", "recv") for call in calls.values()):
         if idle:

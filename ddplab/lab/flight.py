@@ -9,9 +9,13 @@ issued on that group), and one plain verdict:
 - the same collective number with different ops or sizes: a mismatch, not a
   slow rank (``ranks disagree at collective #3: all_gather on rank 0,
   all_reduce on rank 1``);
-- a rank waiting in collective #N that another rank never reached: that rank
-  called fewer collectives (one skipped behind an ``if rank == ...``, or a
-  loop with fewer steps).
+- a rank waiting in collective #N that another rank never reached, and that
+  rank has moved past it (it returned, or waits in another call): it called
+  fewer collectives (one skipped behind an ``if rank == ...``, or a loop with
+  fewer steps);
+- the same, but that rank is still in its own code (``site``: asleep, in a
+  ``queue.get``, a ``subprocess.run``, computing): it is late, not past the
+  call, and the verdict says where it is and that it may simply be slow.
 
 Each rank also says the send, recv or broadcast its main thread is in, with its
 peer and tag (``ddplab.rank.flight.current_call``); ``call_hint`` names two
@@ -71,6 +75,37 @@ def _describe(record: dict) -> str:
     return f"collective #{record['seq']} {record['op']} {sizes}"
 
 
+def site(records: list[dict]) -> dict:
+    """Where a rank's answer says it is in its own code (``ddplab.rank.flight.current_site``);
+    ``{}`` when the answer has none (an older rank, or none answered)."""
+    return next((r["site"] for r in records if "site" in r), {})
+
+
+def collectives_only(records: list[dict]) -> list[dict]:
+    """A rank's answer without its call and its site: what its collectives did."""
+    return [r for r in records if "group" in r]
+
+
+def refine(line: str, records: list[dict]) -> str:
+    """A rank's where-line from its stack (``in <module> (cell line 6)``, ``in select``), said
+    exactly where the rank says its stack hides it (``hidden``): ``in Work.wait (cell line 6)``
+    for a handle's ``wait()``, ``in asyncio.tasks.sleep (cell line 3)`` for an ``await``."""
+    where = site(records)
+    if where.get("hidden") and where.get("at") and where.get("inside"):
+        return f"in {where['inside']} ({where['at']})"
+    return line
+
+
+def late_at(where: dict) -> str:
+    """A site in words: ``at slow line 5 (`time.sleep(8)`)``, ``, inside queue.get`` after it."""
+    text = f"at {where['at']}" if where.get("at") else "at a line of its own"
+    if where.get("source"):
+        text += f" (`{where['source']}`)"
+    if where.get("inside"):
+        text += f", inside {where['inside']}"
+    return text
+
+
 def _latest(records: list[dict]) -> dict[str, dict]:
     """Per group, the record that says where the rank is: the active one, else the last."""
     out: dict[str, dict] = {}
@@ -81,14 +116,17 @@ def _latest(records: list[dict]) -> dict[str, dict]:
     return out
 
 
-def report(answers: dict[int, list[dict]], busy: list[int] = ()) -> list[str]:
+def report(answers: dict[int, list[dict]], busy: list[int] = (),
+           timeout: float | None = None) -> list[str]:
     """Lines for ``HangError``: each rank's collectives, then the verdict (if there is one).
 
-    ``busy``: ranks still running their own code (``diagnose.busy_in_own_code``): one of them
-    behind the others has not reached the collective *yet*; it may be slow, not have skipped it.
+    A rank behind the others is said to have skipped a collective only if it moved past it:
+    it returned, or waits in another call. One still in its own code (its answer's ``site``)
+    is late, and the verdict says where (``timeout``: the one to raise). ``busy``: ranks known
+    to run their own code where no site was read (``diagnose.busy_in_own_code``).
     """
-    latest = {rank: _latest([r for r in records if "call" not in r])
-              for rank, records in sorted(answers.items())}
+    latest = {rank: _latest(collectives_only(records)) for rank, records in sorted(answers.items())}
+    own = {rank: site(records) for rank, records in answers.items() if site(records).get("own")}
     groups = sorted({group for per_rank in latest.values() for group in per_rank})
     if not any(r["active"] for per_rank in latest.values() for r in per_rank.values()):
         return []             # nobody waits in a collective (a send/recv deadlock, a join)
@@ -98,15 +136,19 @@ def report(answers: dict[int, list[dict]], busy: list[int] = ()) -> list[str]:
         parts = [("in " if r["active"] else "finished ") + _describe(r) + f" on {group}"
                  for group, r in sorted(per_group.items())]
         lines.append(f"  rank {rank}: " + ("; ".join(parts) or "no collective yet"))
-    verdicts = [v for group in groups if (v := _verdict(group, latest, set(busy)))]
+    verdicts = [v for group in groups if (v := _verdict(group, latest, set(busy), own, timeout))]
     return lines + verdicts[:1]
 
 
-def _verdict(group: str, latest: dict[int, dict[str, dict]], busy: set[int]) -> str:
+def _verdict(group: str, latest: dict[int, dict[str, dict]], busy: set[int],
+             own: dict[int, dict], timeout: float | None) -> str:
     on = {rank: per[group] for rank, per in latest.items() if group in per}
-    if group == "the default group":     # every rank is in it: one with no record issued none
-        on.update({rank: {"seq": 0, "active": False, "op": "", "sizes": []}
-                   for rank in latest if rank not in on})
+    # A member with no record issued none: every rank is in the default group; the members of
+    # another are in its records (an older rank's have none: only those that recorded count).
+    members = set(latest) if group == "the default group" else \
+        {m for r in on.values() for m in r.get("members", ())} & set(latest)
+    on.update({rank: {"seq": 0, "active": False, "op": "", "sizes": []}
+               for rank in members if rank not in on})
     waiting = {rank: r for rank, r in on.items() if r["active"]}
     if not waiting:
         return ""
@@ -120,24 +162,48 @@ def _verdict(group: str, latest: dict[int, dict[str, dict]], busy: set[int]) -> 
                 f"mismatch, not a slow rank. Every rank must call the same collectives in "
                 f"the same order, with tensors of the same shape.")
     behind = sorted(rank for rank, r in on.items() if r["seq"] < seq)
-    if behind:
-        op = next(iter(at_seq.values()))["op"]
-        ahead = sorted(waiting)
-        if set(behind) <= busy:
-            return (f"ddplab: {plural(len(ahead), 'rank')} {', '.join(map(str, ahead))} "
-                    f"{'waits' if len(ahead) == 1 else 'wait'} in collective #{seq} ({op}) on "
-                    f"{group}, which {plural(len(behind), 'rank')} {', '.join(map(str, behind))} "
-                    f"{'has' if len(behind) == 1 else 'have'} not reached yet: "
-                    f"{'it is' if len(behind) == 1 else 'they are'} still running "
-                    f"{'its' if len(behind) == 1 else 'their'} own code. A slow rank reaches it "
-                    f"later (pass a longer timeout=); one that skips it (behind an "
-                    f"`if rank == ...`, or in fewer loop steps) never does.")
-        return (f"ddplab: {plural(len(ahead), 'rank')} {', '.join(map(str, ahead))} "
-                f"{'waits' if len(ahead) == 1 else 'wait'} in collective #{seq} ({op}) on "
-                f"{group}, which {plural(len(behind), 'rank')} {', '.join(map(str, behind))} "
-                f"never reached: {'it' if len(behind) == 1 else 'they'} issued fewer "
-                f"collectives (one skipped behind an `if rank == ...`, or fewer loop steps).")
-    return ""
+    if not behind:
+        return ""
+    op = next(iter(at_seq.values()))["op"]
+    ahead = sorted(waiting)
+    head = (f"ddplab: {plural(len(ahead), 'rank')} {_names(ahead)} "
+            f"{'waits' if len(ahead) == 1 else 'wait'} in collective #{seq} ({op}) on {group}, which")
+    late = [rank for rank in behind if rank in own]
+    past = [rank for rank in behind if rank not in own]
+    if not late and set(past) <= busy:       # no site read: the stack said "busy"
+        one = len(past) == 1
+        return (f"{head} {plural(len(past), 'rank')} {_names(past)} {'has' if one else 'have'} "
+                f"not reached yet: {'it is' if one else 'they are'} still running "
+                f"{'its' if one else 'their'} own code. A slow rank reaches it later (pass a "
+                f"longer timeout=); one that skips it (behind an `if rank == ...`, or in fewer "
+                f"loop steps) never does.")
+    parts = []
+    if past:
+        one = len(past) == 1
+        parts.append(f"{plural(len(past), 'rank')} {_names(past)} never reached: "
+                     f"{'it' if one else 'they'} issued fewer collectives (one skipped behind an "
+                     f"`if rank == ...`, or fewer loop steps).")
+    if late:
+        parts.append(late_verdict(late, own, timeout))
+    return f"{head} " + (parts[0] if len(parts) == 1 else f"{parts[0]} And {parts[1]}")
+
+
+def late_verdict(late: list[int], own: dict[int, dict], timeout: float | None) -> str:
+    """What a verdict says of ranks behind that are still in their own code: late, where, and
+    the two ways on (``own``: each rank's site)."""
+    one = len(late) == 1
+    where = (late_at(own[late[0]]) if one else
+             "; ".join(f"rank {rank} {late_at(own[rank])}" for rank in late))
+    longer = f"more than {timeout:g} s" if timeout else "a longer one"
+    return (f"{plural(len(late), 'rank')} {_names(late)} {'has' if one else 'have'} not reached "
+            f"yet: {'it is' if one else 'they are'} still running {'its' if one else 'their'} "
+            f"own code, {where}, not a torch.distributed call. {'It is' if one else 'They are'} "
+            f"late, not past the call, and may simply be slow: pass a longer timeout= "
+            f"({longer}), or look at what keeps {'it' if one else 'them'} there.")
+
+
+def _names(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
 
 
 def _peer(args: dict, *names: str) -> int | None:
@@ -150,8 +216,8 @@ def call_hint(answers: dict[int, list[dict]]) -> str:
     ``dst``/``src`` are global ranks; ``group_dst``/``group_src`` stand in where the code
     named only those (the same numbers on the default group, where these mistakes are made).
     """
-    calls = {rank: records[0] for rank, records in answers.items()
-             if records and "call" in records[0]}
+    calls = {rank: call for rank, records in answers.items()
+             if (call := next((r for r in records if "call" in r), None))}
     sends = {rank: c["args"] for rank, c in calls.items() if c["call"] in ("send", "isend")}
     recvs = {rank: c["args"] for rank, c in calls.items() if c["call"] in ("recv", "irecv")}
     for rank, args in sorted(sends.items()):

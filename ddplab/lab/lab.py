@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator
 from ..env import check_timeout
 from ..errors import ConfigError
 from ..rank import engine
-from . import current_lab, owncode, template
+from . import current_lab, owncode, shipping, template
 from .calls import Calls, Task
 from .local import LocalRanks
 from .ranks import Joins, LabSpec, Ranks
@@ -275,16 +275,9 @@ class Lab:
             raise ConfigError("ddplab: lab.run was given the lab itself as an argument; the lab lives "
                               "in the notebook and cannot travel to the ranks. On a rank, use "
                               "torch.distributed (dist.get_rank(), dist.get_world_size()) instead.")
-        owncode.send_as_it_is_now(fn)
-        try:
-            tasks = self._calls.submit(chosen, engine.call, fn, args, kwargs, owncode.sources(fn))
-        except Exception as e:        # pickle's errors are TypeError, AttributeError, PicklingError...
-            if "pickle" not in str(e).lower():
-                raise
-            raise ConfigError(f"ddplab: lab.run could not send {getattr(fn, '__name__', 'fn')} and its "
-                              f"arguments to the ranks ({e}). Pass plain data (numbers, strings, lists, "
-                              f"dicts, tensors), not objects that hold open files, sockets, locks or "
-                              f"threads; make those on the rank, inside the function.") from e
+        pickled = shipping.pack("lab.run", fn, args, kwargs)
+        tasks = self._calls.submit(chosen, engine.call_pickled, pickled, (), owncode.sources(fn),
+                                   shipping.kernel_path())
         self._calls.finish(tasks, timeout, grace=None)
         values = {task.rank: task.outcome["value"] for task in tasks}
         return [values[r] for r in self.ranks] if ranks is None else values
@@ -304,16 +297,10 @@ class Lab:
         chosen = self.check_ranks(list(own))
         timeout = self._timeout(timeout)
         self.ensure_usable()
-        owncode.send_as_it_is_now(fn)
-        for arg in common:
-            if callable(arg):
-                owncode.send_as_it_is_now(arg)
-        # Pickled by the pickler ipyparallel uses in this process (cloudpickle in a kernel).
-        from ipyparallel.serialize import serialize
-        pickled = serialize.pickle.dumps((fn, common), serialize.PICKLE_PROTOCOL)
+        pickled, path = shipping.pack("lab.run_each", fn, common), shipping.kernel_path()
         tasks = [task for rank in chosen
                  for task in self._calls.submit([rank], engine.call_pickled, pickled, tuple(own[rank]),
-                                                owncode.sources(fn))]
+                                                owncode.sources(fn), path)]
         self._calls.finish(tasks, timeout, grace=None)
         return {task.rank: task.outcome["value"] for task in tasks}
 
@@ -330,7 +317,7 @@ class Lab:
         timeout = self._timeout(timeout)
         grace = None if grace is None else check_timeout(grace, "grace", example=2)
         self.ensure_usable()
-        tasks = self._calls.submit(chosen, engine.run_cell, source, pdb)
+        tasks = self._calls.submit(chosen, engine.run_cell, source, pdb, shipping.kernel_path())
         self._calls.finish(tasks, timeout, grace)
 
     def debug(self, rank: int | None = None, timeout: float | None = None) -> None:
@@ -345,19 +332,26 @@ class Lab:
             self.check_ranks(rank, f"lab.debug(rank={rank!r})")
         debugger.post_mortem(self._calls, rank, self._timeout(timeout))
 
-    @contextlib.contextmanager
-    def debugpy(self, ranks: Iterable[int] | int | None = None, folder: str = ".") -> Iterator[None]:
+    def debugpy(self, ranks: Iterable[int] | int | None = None,
+                folder: str = ".") -> contextlib.AbstractContextManager[None]:
         """VS Code attached to ``ranks``: ``with lab.debugpy(ranks=[1]): lab.run(fn)``.
 
         The ranks listen with debugpy, reached on this machine's 127.0.0.1 only,
         at the ports printed and written to ``folder/.vscode/launch.json``
         (``ddplab: attach to ranks``). Entering waits until VS Code attached;
         inside, calls wait without the lab's timeout; after, nothing listens.
-        ``%%rank 1 --debugpy`` is one cell in such a block.
+        ``%%rank 1 --debugpy`` is one cell in such a block. ``ranks=1`` is rank 1.
+        Called without ``with``, it does nothing, and says so with the fix.
         ``ddplab.lab.debugpy_attach`` says how.
         """
+        from .debugpy_attach import Block
+        spelled = f"lab.debugpy(ranks={ranks!r})"
+        chosen = self.check_ranks(ranks, spelled)
+        return Block(self._debugpy(chosen, folder), spelled, chosen)
+
+    @contextlib.contextmanager
+    def _debugpy(self, chosen: list[int], folder: str) -> Iterator[None]:
         from .debugpy_attach import Session
-        chosen = self.check_ranks(ranks, f"lab.debugpy(ranks={ranks!r})")
         self.ensure_usable()
         with Session(self._calls, chosen, getattr(self._engines, "network_shared_because", None),
                      folder):

@@ -31,13 +31,14 @@ code names (``ddplab.rank.owngroup`` says why).
 On each rank, ``ddplab.rank.owngroup.set_aside`` puts the lab's group aside
 while the code runs and brings it back afterwards, whether the code destroyed
 its group, forgot to, or failed. Output comes back by rank as for ``lab.run``.
+Both send their code as every job does (``ddplab.lab.shipping``): the user's
+modules by name, freshly loaded on each rank before the run starts.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import uuid
 from typing import Any, Callable
 
@@ -45,42 +46,11 @@ from ..env import worker_env
 from ..errors import ConfigError, DdplabError
 from ..rank import engine, owngroup, script
 from ..text import plural
+from . import shipping
 from .calls import Calls
 from .stall import Watch
 
 log = logging.getLogger(__name__)
-
-
-def _library_folders() -> tuple[str, ...]:
-    import sysconfig
-
-    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))     # ddplab/
-    paths = sysconfig.get_paths()
-    return tuple(os.path.realpath(paths[key]) + os.sep
-                 for key in ("stdlib", "platstdlib", "purelib", "platlib")) + (package + os.sep,)
-
-
-def send_as_it_is_now(fn: Callable) -> None:
-    """Have cloudpickle send ``fn``'s module by value if it is the user's own (not a library's).
-
-    A rank imports a module once and keeps it: a function from the user's
-    ``model.py``, sent by reference, would run as the rank first imported it,
-    not as the kernel has it after an edit and ``importlib.reload`` (or
-    ``%autoreload``). By value, the ranks run the kernel's code of now. Functions
-    defined in the notebook itself always travel by value.
-    """
-    import cloudpickle
-
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    file = getattr(module, "__file__", None)
-    if module is None or not file or module.__name__ == "__main__":
-        return
-    if os.path.realpath(file).startswith(_library_folders()):
-        return                                      # torch, the standard library, ddplab: as installed
-    try:
-        cloudpickle.register_pickle_by_value(module)
-    except ValueError as e:                         # a module cloudpickle cannot take by value
-        log.debug("ddplab: %s goes by reference (%s)", module.__name__, e)
 
 
 def sources(fn: Callable) -> dict[str, list[str]]:
@@ -123,14 +93,13 @@ def spawn(calls: Calls, fn: Callable, args: tuple, timeout: float,
         raise ConfigError("ddplab: lab.spawn(join=False) is not supported: lab.spawn waits for "
                           "the ranks and returns their results. Leave join out.")
     calls.ensure_usable()
-    send_as_it_is_now(fn)
+    pickled = shipping.pack("lab.spawn", owngroup.run_spawned, (fn, args), named=fn)
     host, port = _open_store(calls, timeout)
-    run_id = uuid.uuid4().hex[:12]
+    run_id, path, lines = uuid.uuid4().hex[:12], shipping.kernel_path(), sources(fn)
     try:
-        tasks = [calls.call(rank, engine.call, owngroup.run_spawned,
-                            (fn, rank, args, {"MASTER_ADDR": host, "MASTER_PORT": str(port),
-                                              "RANK": str(rank),
-                                              "WORLD_SIZE": str(world_size)}, run_id), {})
+        tasks = [calls.call(rank, engine.call_pickled, pickled,
+                            (rank, {"MASTER_ADDR": host, "MASTER_PORT": str(port), "RANK": str(rank),
+                                    "WORLD_SIZE": str(world_size)}, run_id), lines, path)
                  for rank in range(world_size)]
         calls.finish(tasks, timeout, grace=None, watch=Watch(calls.engines, job=True, limit=limit))
     finally:
@@ -154,8 +123,10 @@ def run_script(calls: Calls, path: str | os.PathLike, argv: tuple, timeout: floa
     calls.ensure_usable()
     host, port = _open_store(calls, timeout)
     envs = torchrun_env(calls.engines.hosts, calls.engines.world_size, host, port)
+    pickled, kernel_path = shipping.pack("lab.run_script", script.run_script, (path, args)), \
+        shipping.kernel_path()
     try:
-        tasks = [calls.call(rank, engine.call, script.run_script, (path, args, envs[rank]), {})
+        tasks = [calls.call(rank, engine.call_pickled, pickled, (envs[rank],), {}, kernel_path)
                  for rank in range(calls.engines.world_size)]
         calls.finish(tasks, timeout, grace=None, watch=Watch(calls.engines, job=True, limit=limit))
     finally:

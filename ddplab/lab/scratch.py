@@ -24,12 +24,18 @@ grader's folder).
 from __future__ import annotations
 
 import atexit
+import re
 import shutil
 import tempfile
 
+from ..errors import ConfigError
 from . import template
 
 __all__ = ["scratch_folder"]
+
+#: What a name may be: letters, digits, ``-``, ``_`` and ``.``, not only dots, and short enough
+#: that ``ddplab-NAME-xxxxxxxx`` fits one file name (255 bytes on Linux) with room to spare.
+NAME_RULE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def scratch_folder(name: str = "scratch") -> str:
@@ -37,7 +43,16 @@ def scratch_folder(name: str = "scratch") -> str:
 
     Every rank on this machine can use it; it outlives restarts and replaced
     labs, and goes with the last ``lab.stop()`` or the kernel (see the module).
+    ``name`` is one word of a file name (``NAME_RULE``): ``ConfigError`` otherwise.
     """
+    if not isinstance(name, str) or not NAME_RULE.fullmatch(name) or not name.strip("."):
+        long = isinstance(name, str) and len(name) > 64
+        got = f"{name[:24]!r}... ({len(name)} characters)" if long else repr(name)
+        raise ConfigError(
+            f"ddplab: scratch_folder's name must be one short word for a folder name: letters, "
+            f"digits, '-', '_' or '.', 1 to 64 of them (not only dots), but got {got}. It names "
+            f"one folder, never a path: use e.g. scratch_folder('nb10'), and make sub-folders "
+            f"inside it with os.makedirs(os.path.join(folder, 'a', 'b')).")
     home = getattr(template.shared(), "directory", "") if template.enabled() else ""
     folder = tempfile.mkdtemp(prefix=f"ddplab-{name}-", dir=home or None)
     if not home:

@@ -29,6 +29,21 @@ used, and torch's flight recorder. Two policies:
   rank sitting in its own code without using the CPU (sleeping, or waiting on
   a lock, a file, a queue). ``limit=`` caps a job's whole time, if asked for.
 
+  One rank's wait is the hang, whatever the others do: a rank that has sat in
+  one torch.distributed call for a whole timeout (as its live status measures
+  it, ``blocked_s``), without using the CPU, ends the job, even while another
+  rank computes for ever (``stopped == "waiting"``).
+
+Both: a rank that *returned* while the ranks still running all sit in a
+torch.distributed call is no progress but a verdict. Nothing is left to end
+their wait, so once each has sat there ``RETURN_SETTLE`` seconds (or half the
+timeout, if less) without using the CPU, the call ends at once, well within
+its timeout (``abandoned``, ``stopped == "abandoned"``). So does a call whose
+ranks all sit so in collectives the flight recorder says disagree (a mismatch,
+or a rank behind in another call): none can finish (``"disagree"``). Ranks
+that all wait in collectives that agree may yet meet (a GPU's barrier waits
+for the work queued before it): their timeout decides.
+
 On multi-host labs a rank's stack, CPU time and recorder are out of reach, so
 a timeout there ends the call as it always did.
 """
@@ -43,7 +58,7 @@ import time
 from .. import procs
 from ..rank.where import locate
 from ..text import plural
-from . import diagnose
+from . import diagnose, flight
 from .ranks import Ranks
 
 log = logging.getLogger(__name__)
@@ -55,6 +70,11 @@ _CHECKS_VALUE = "_sendable"
 _ENGINE_FILE = os.path.join("ddplab", "rank", "engine.py")
 #: How long one look may spend reading stacks and recorders.
 LOOK_S = 3.0
+#: Seconds the ranks still running must sit in a torch.distributed call, after another returned,
+#: before the call ends as abandoned (half the timeout where that is less).
+RETURN_SETTLE = 2.0
+#: How often ``abandoned`` asks the ranks where they are (a question to a thread of each rank).
+ABANDON_LOOK_S = 0.5
 
 
 def code_returned(frames: list[tuple[str, int, str]]) -> bool:
@@ -90,6 +110,11 @@ class Watch:
         self._flight: dict[int, str] = {}
         self._where: dict[int, str] = {}
         self._frames: dict[int, list] = {}   # the stacks of the last look
+        self.stuck: list[int] = []       # "waiting", "abandoned": the ranks that waited
+        self.returned: list[int] = []    # "abandoned": the ranks that had returned
+        self._busy: set[int] = set()     # the ranks that used the CPU in the last window
+        self._next_ask = 0.0             # ``abandoned``: when to ask again
+        self._calm: tuple[float, dict[int, float]] | None = None   # its first calm look
 
     def begin(self, ranks: list[int]) -> None:
         """Note where a job starts from: its CPU time and recorder (a cell's deadline needs none)."""
@@ -114,9 +139,22 @@ class Watch:
                           "the way: waiting on", returned)
                 return timeout
             return 0.0
-        why = self._progress(ranks, found, returned)
+        answers = self.engines.collectives(ranks, time.monotonic() + LOOK_S)
+        why = self._progress(ranks, found, returned, answers)
         if not found and not self._cpu:
             self.stopped = "timeout"         # nothing readable (ranks on other hosts): a plain timeout
+            return 0.0
+        blocked = {rank: flight.site(answer).get("blocked_s") for rank, answer in answers.items()}
+        blocked = {rank: held for rank, held in blocked.items()
+                   if held is not None and rank not in self._busy}
+        self.stuck = sorted(rank for rank, held in blocked.items() if held >= timeout)
+        soonest = min((timeout - held for held in blocked.values()), default=timeout)
+        if self.stuck and len(blocked) == len(ranks):      # every rank waits: a deadlock, once
+            if soonest <= 0:                               # each has waited a whole timeout
+                self.stopped = "stalled"
+                return 0.0
+        elif self.stuck:
+            self.stopped = "waiting"
             return 0.0
         left = timeout
         if why and self.limit is not None:
@@ -124,12 +162,43 @@ class Watch:
             if left <= 0:
                 self.stopped = "limit"
                 return 0.0
-        if why:
+        if why or self.stuck:
+            # A rank waiting in a call is looked at again when it will have waited a timeout.
+            left = min(left, max(soonest, 0.1 * timeout))
             log.debug("ddplab: the job is not stuck at its timeout (%s): waiting another %.3g s",
                       why, left)
             return left
         self.stopped = "stalled"
         return 0.0
+
+    def abandoned(self, running: list[int], returned: list[int], timeout: float) -> bool:
+        """Whether ``running`` ranks wait for ``returned`` ones that will never come back, or for
+        each other in collectives that disagree (the flight recorder's verdict): each has sat
+        ``RETURN_SETTLE`` s (half ``timeout`` if less) in a torch.distributed call, and none
+        used the CPU since the last ask. Asks every ``ABANDON_LOOK_S`` seconds."""
+        now = time.monotonic()
+        if not running or now < self._next_ask:
+            return False
+        self._next_ask = now + ABANDON_LOOK_S
+        settle = min(RETURN_SETTLE, timeout / 2)
+        # A short wait for the answers: the call's own wait (its live output) stalls meanwhile,
+        # and a rank too busy to answer soon (a C call holding the GIL) is not waiting.
+        answers = self.engines.collectives(running, now + ABANDON_LOOK_S)
+        held = [flight.site(answers.get(rank, [])).get("blocked_s") for rank in running]
+        if any(h is None or h < settle for h in held):
+            self._calm = None
+            return False
+        cpu = self.engines.cpu_seconds(running)
+        if self._calm is None or any(cpu.get(rank, 0.0) - self._calm[1].get(rank, 0.0)
+                                     >= procs.BUSY_SHARE * (now - self._calm[0])
+                                     for rank in running):
+            self._calm = (now, cpu)          # calm from here on, if the next ask agrees
+            return False
+        if not returned and not any(line.startswith("ddplab:") for line in flight.report(answers)):
+            return False                     # all wait, in calls that may yet meet: the timeout's
+        self.stopped = "abandoned" if returned else "disagree"
+        self.stuck, self.returned = sorted(running), sorted(returned)
+        return True
 
     def seen(self, ranks: list[int]) -> tuple[dict, dict] | None:
         """Where ``ranks`` were at the last look, and their stacks, as ``Ranks.locate`` says it;
@@ -139,33 +208,53 @@ class Watch:
         return ({rank: diagnose.where(self._frames[rank]) for rank in ranks},
                 {rank: diagnose.format_stack(self._frames[rank]) for rank in ranks})
 
-    def _progress(self, ranks: list[int], found: dict, returned: list[int]) -> str:
-        """Why the job progressed since the last look ("" if it did not); notes this look."""
+    def _progress(self, ranks: list[int], found: dict, returned: list[int],
+                  answers: dict[int, list[dict]]) -> str:
+        """Why the job progressed since the last look ("" if it did not); notes this look
+        (``answers``: what the ranks said of their collectives and where they are)."""
         reasons, window, self._looked = [], time.monotonic() - self._looked, time.monotonic()
         if returned:
             reasons.append(f"{plural(len(returned), 'rank')} {_names(returned)} returned")
         cpu = self.engines.cpu_seconds(ranks)
         busy = [rank for rank in ranks if cpu.get(rank, 0.0) - self._cpu.get(rank, cpu.get(rank, 0.0))
                 >= procs.BUSY_SHARE * window]
+        self._busy = set(busy)
         if busy:
             reasons.append(f"{plural(len(busy), 'rank')} {_names(busy)} used the CPU")
-        flight = self._recorders(ranks)
-        moved = [rank for rank in ranks if rank in flight and flight[rank] != self._flight.get(rank)]
+        recorded = _recorded(answers)
+        moved = [rank for rank in ranks if rank in recorded and
+                 recorded[rank] != self._flight.get(rank)]
         if moved:
             reasons.append(f"collectives moved on {plural(len(moved), 'rank')} {_names(moved)}")
         where = {rank: w.doing() for rank, w in found.items()}
         went = [rank for rank in where if rank in self._where and where[rank] != self._where[rank]]
         if went:
             reasons.append(f"{plural(len(went), 'rank')} {_names(went)} moved on in the code")
-        self._cpu, self._flight, self._where = cpu, flight, where
+        self._cpu, self._flight, self._where = cpu, recorded, where
         return "; ".join(reasons)
 
     def _recorders(self, ranks: list[int]) -> dict[int, str]:
-        answers = self.engines.collectives(ranks, time.monotonic() + LOOK_S)
-        return {rank: json.dumps(answer, sort_keys=True) for rank, answer in answers.items()}
+        return _recorded(self.engines.collectives(ranks, time.monotonic() + LOOK_S))
 
     def headline(self, timeout: float) -> str:
-        """The first words of the hang report of a job this watch stopped ("" if it did not)."""
+        """The first words of the hang report of a call this watch stopped ("" if it did not)."""
+        stuck, many = self.stuck, len(self.stuck) > 1
+        if self.stopped == "abandoned":
+            gone = self.returned
+            return (f"ddplab: {plural(len(gone), 'rank')} {_names(gone)} returned, and "
+                    f"{plural(len(stuck), 'rank')} {_names(stuck)} {'wait' if many else 'waits'} "
+                    f"in a torch.distributed call that needs {'them' if len(gone) > 1 else 'it'}: "
+                    f"every rank still running sits in one without using the CPU, so nothing is "
+                    f"left to end the wait. A hang, said now rather than at timeout={timeout:g} s.")
+        if self.stopped == "disagree":
+            return (f"ddplab: every rank still running waits in a torch.distributed call, and "
+                    f"their collectives disagree (below): none of them can finish, so this is a "
+                    f"hang, said now rather than at timeout={timeout:g} s.")
+        if self.stopped == "waiting":
+            return (f"ddplab: {plural(len(stuck), 'rank')} {_names(stuck)} "
+                    f"{'have' if many else 'has'} waited in one torch.distributed call for "
+                    f"timeout={timeout:g} s without it finishing (no CPU used): that wait is the "
+                    f"hang, whatever the other ranks do meanwhile.")
         if self.stopped == "limit":
             return (f"ddplab: the job ran for limit={self.limit:g} s, its cap, and was stopped; it "
                     f"made progress in the last {timeout:g} s, so this is no sign of a hang.")
@@ -190,3 +279,10 @@ class Watch:
 
 def _names(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
+
+
+def _recorded(answers: dict[int, list[dict]]) -> dict[int, str]:
+    """Each rank's collectives and the call it is in, as one comparable string (its site is
+    left out: the time it has sat in a call grows at every look)."""
+    return {rank: json.dumps([r for r in answer if "site" not in r], sort_keys=True)
+            for rank, answer in answers.items()}

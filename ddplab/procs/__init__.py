@@ -14,7 +14,7 @@ Two layers, one owner:
   the whole tree, return how each rank ended. ``ddplab.launch``,
   ``ddplab.train``, ``ddplab grade`` and the engine template use it.
 
-- ``reaper``: ``become_subreaper``, so that orphans a process's descendants
+- ``reaper``: ``become_subreaper`` (or ``adopting``, for a block), so that orphans a process's descendants
   leave (double fork, ``setsid``) stay its descendants, and
   ``end_descendants`` to end them all; engines and grading workers use it.
   ``parent_gone``: whether the process that started this one has exited,
@@ -27,7 +27,7 @@ calls ``Popen`` or ``subprocess.run`` or signals a process.
 from __future__ import annotations
 
 from .group import Exit, Group, Results, run
-from .reaper import become_subreaper, end_descendants, hide_memory, parent_gone
+from .reaper import adopting, become_subreaper, end_descendants, hide_memory, parent_gone
 from .tree import (
                    BUSY_SHARE,
                    END_GRACE_S,
@@ -47,6 +47,6 @@ from .tree import (
 )
 
 __all__ = ["BUSY_SHARE", "END_GRACE_S", "Exit", "Group", "KILL_WAIT_S", "Member", "Results", "Tree",
-           "alive", "become_subreaper", "cpu_times", "cpu_used", "descendants", "end_descendants",
+           "adopting", "alive", "become_subreaper", "cpu_times", "cpu_used", "descendants", "end_descendants",
            "end_tree", "hide_memory", "parent_gone", "process", "reap_adopted", "run", "run_command",
            "send", "start"]

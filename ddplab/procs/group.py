@@ -25,8 +25,9 @@ through it, so one set of rules holds for all of them:
   ``progress=True`` the timeout is a *no-progress* one: at each expiry the
   wait goes on while the job made progress in that window (a command wrote
   output, or the tree used ``BUSY_SHARE`` of a core), so a long healthy job
-  is never cut; ``limit`` caps the whole wait if asked. ``Results.stopped``
-  says which ended it.
+  is never cut; ``limit`` caps the whole wait if asked, and ``stuck`` (the
+  caller's judgement, asked at each expiry the job made progress) may end it
+  all the same. ``Results.stopped`` says which ended it.
 - End: ``close(grace)`` ends the whole tree by ``Tree.end`` (SIGTERM, ``grace``
   seconds, SIGKILL), every session the commands lead included, and the
   descendants noted while waiting (torchrun's workers lead sessions of their
@@ -42,6 +43,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -84,7 +86,8 @@ class Results:
     exits: dict[int, Exit] = field(default_factory=dict)
     timed_out: bool = False
     #: Why the wait stopped before every command ended by itself: ``"timeout"`` (a plain
-    #: timeout), ``"stalled"`` (no progress for a whole timeout), ``"limit"``; "" otherwise.
+    #: timeout), ``"stalled"`` (no progress for a whole timeout), ``"limit"``, ``"cancelled"``,
+    #: ``"stuck"`` (``wait``'s ``stuck`` said so); "" otherwise.
     stopped: str = ""
 
     def __getitem__(self, rank: int) -> Exit:
@@ -184,12 +187,18 @@ class Group:
 
     def wait(self, timeout: float | None, settle: float = 0.0,
              grace: float = END_GRACE_S, *, progress: bool = False,
-             limit: float | None = None) -> Results:
+             limit: float | None = None, cancel: threading.Event | None = None,
+             stuck: Callable[[], bool] | None = None) -> Results:
         """Wait as the module docstring says, then ``close(grace)``; the results by rank.
 
         ``progress``: ``timeout`` ends the wait only after a whole timeout without progress
         (no output from any command, less than ``BUSY_SHARE`` of a core used by the tree);
-        ``limit``: seconds after which the wait ends whatever the job does (None: never).
+        ``limit``: seconds after which the wait ends whatever the job does (None: never);
+        ``cancel``: once set (by another thread: a grader told to stop), the wait ends and the
+        tree is ended, as at a timeout (``Results.stopped`` is ``"cancelled"``);
+        ``stuck``: asked at each expiry at which the job made progress; True ends the wait as
+        ``"stuck"`` all the same (a launch one of whose ranks waited a whole timeout in one
+        call, while another computes).
         """
         begin = time.monotonic()
         deadline = None if timeout is None else begin + timeout
@@ -208,10 +217,16 @@ class Group:
                 if cap is not None and now >= cap:
                     self._timed_out, self._stopped = True, "limit"
                     break
+                if cancel is not None and cancel.is_set():
+                    self._stopped = "cancelled"
+                    break
                 if deadline is not None and now >= deadline:
                     if seen is not None:
                         now_seen = self._activity()
                         if self._progressed(seen, now_seen, timeout):
+                            if stuck is not None and stuck():
+                                self._timed_out, self._stopped = True, "stuck"
+                                break
                             seen, deadline = now_seen, now + timeout
                             continue
                     self._timed_out = True

@@ -11,14 +11,16 @@ descendant, adopted orphans included, before they exit.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
+from typing import Iterator
 
-from .tree import descendants, end_tree
+from .tree import descendants, end_tree, reap_adopted
 
 log = logging.getLogger(__name__)
-PR_SET_CHILD_SUBREAPER = 36
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
 PR_SET_DUMPABLE = 4
 
 
@@ -36,6 +38,36 @@ def _prctl(option: int, value: int) -> bool:
 def become_subreaper() -> bool:
     """Make this process inherit its descendants' orphans; whether the OS allowed it (Linux only)."""
     return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _is_subreaper() -> bool:
+    value = ctypes.c_int(0)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) == 0 and bool(value.value)
+    except (OSError, AttributeError):
+        return False
+
+
+@contextlib.contextmanager
+def adopting(settle: float = 2.0) -> Iterator[None]:
+    """Within the block, this process is a child subreaper; leaving it, it reaps what it adopted.
+
+    For a process that runs sandboxes (``ddplab grade``): each sandbox leaves an
+    orphan as it ends (``reap_adopted``), which would otherwise go to init, and a
+    container's init that is not a real one (a program run as pid 1) never reaps
+    it: one ``[bwrap] <defunct>`` per submission, for as long as the machine runs.
+    The caller reaps as each sandbox ends; leaving, every orphan still running
+    gets ``settle`` seconds to end. A process that was a subreaper before stays one.
+    """
+    was = _is_subreaper()
+    become_subreaper()
+    try:
+        yield
+    finally:
+        reap_adopted(settle=settle)
+        if not was:
+            _prctl(PR_SET_CHILD_SUBREAPER, 0)
 
 
 def hide_memory() -> bool:

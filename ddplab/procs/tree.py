@@ -155,30 +155,47 @@ _started: weakref.WeakSet = weakref.WeakSet()
 _running_commands, _running_commands_lock = [0], threading.Lock()
 
 
-def reap_adopted() -> list[int]:
+def reap_adopted(settle: float = 0.0) -> list[int]:
     """Reap this process's zombie children that no ``Popen`` of ours will: orphans a child
-    subreaper adopted (bubblewrap's own child, left when the outer ``bwrap`` exits, one per
-    sandboxed submission). Returns their pids. While a ``run_command`` runs, it waits: that
+    subreaper adopted. Returns their pids. While a ``run_command`` runs, it waits: that
     command's child is ``subprocess.run``'s, and reaping it here would lose its exit status.
+
+    ``settle``: also wait up to that many seconds for adopted children still running to
+    exit, and reap them. A sandbox leaves one such child as it ends: the outer ``bwrap``
+    exits as soon as it learns its command's exit status, without waiting for its own child
+    (the sandbox's pid 1), which dies a moment later and is handed to the nearest subreaper.
     """
+    deadline = time.monotonic() + settle
+    reaped: list[int] = []
+    while True:
+        running = _reap_adopted_once(reaped)
+        if not running or time.monotonic() >= deadline:
+            return reaped
+        time.sleep(0.01)
+
+
+def _reap_adopted_once(reaped: list[int]) -> int:
+    """Reap the adopted zombies now (appending to ``reaped``); how many adopted children still run."""
+    running = 0
     with _running_commands_lock:
         if _running_commands[0]:
-            return []
+            return 0
         ours = {p.pid for p in list(_started) if p.returncode is None}
-        reaped = []
         try:
             children = psutil.Process().children()
         except psutil.Error:
-            return []
+            return 0
         for child in children:
             try:
-                if child.pid in ours or child.status() != psutil.STATUS_ZOMBIE:
+                if child.pid in ours:
                     continue
-                if os.waitpid(child.pid, os.WNOHANG)[0] == child.pid:
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    running += 1
+                elif os.waitpid(child.pid, os.WNOHANG)[0] == child.pid:
                     reaped.append(child.pid)
             except (psutil.Error, ChildProcessError):
                 continue
-        return reaped
+    return running
 
 
 class Tree:

@@ -20,11 +20,13 @@ from __future__ import annotations
 import ast
 import asyncio
 import inspect
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any
 
 #: Compile flags of a rank cell: top-level ``await``, ``async for``, ``async with`` allowed.
 FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+#: The coroutine of the cell that awaits now, if one does (``suspended`` reads it).
+_running: list[Any] = []
 
 
 def compile_cell(tree: ast.AST, filename: str, mode: str) -> CodeType:
@@ -39,11 +41,31 @@ def run(code: CodeType, namespace: dict) -> Any:
     outer = asyncio._get_running_loop()
     asyncio._set_running_loop(None)
     loop = asyncio.new_event_loop()
+    _running[:] = [eval(code, namespace)]
     try:
-        return loop.run_until_complete(eval(code, namespace))
+        return loop.run_until_complete(_running[0])
     finally:
+        _running.clear()
         try:
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             loop.close()
             asyncio._set_running_loop(outer)
+
+
+def suspended() -> list[FrameType]:
+    """The frames of the awaiting cell, innermost first, while it is suspended at an ``await``
+    (the stack then shows asyncio's loop in ``select``, not the cell); [] when none is.
+
+    Followed through each coroutine's ``cr_await``: the cell's frame, then what it awaits
+    (``asyncio.sleep``'s), and so on inward.
+    """
+    frames, awaited = [], _running[0] if _running else None
+    while awaited is not None:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is None:
+            break
+        frames.append(frame)
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return frames[::-1]
+

@@ -74,6 +74,13 @@ class Watch:
             return ""
         return status if now - self._since >= BLOCKED_AFTER else ""
 
+    def held_for(self, now: float | None = None) -> float | None:
+        """Seconds the thread has been in the one torch.distributed call seen at the last looks
+        (None while it is in none): how long a rank has waited, for the kernel's hang rules."""
+        if self._frame is None:
+            return None
+        return (time.monotonic() if now is None else now) - self._since
+
     def forget(self) -> None:
         """Drop the frame held, and the locals it keeps alive (at the end of a cell)."""
         self._frame = None

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from ..env import TORCHRUN_VARIABLES
 from ..text import plural
-from . import awaiting, debugger, flight, output
+from . import awaiting, debugger, flight, fresh, output
 from .where import CELL_FILENAME  # "<rank cell 3>": ``where`` owns the spelling
 
 _state: dict[str, Any] = {"cells": 0, "store": None, "stack_file": None}
@@ -83,6 +83,7 @@ def _watch_stack(stack_file: str, kernel_path: list[str]) -> None:
     C++ collective (or a rendezvous), where no Python code can run.
     """
     sys.path.extend(p for p in kernel_path if p not in sys.path)
+    fresh.install()                  # the user's modules imported from now on stay fresh
     stack = open(stack_file, "w")
     faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
     # A fatal signal (gloo aborts on a message that does not fit its buffer) writes
@@ -191,9 +192,21 @@ def _format_error(exc: BaseException, keep: Callable[[str], bool]) -> str:
     # Drop leading frames that are ddplab's machinery, keep the user's code.
     while tb is not None and frames and not keep(frames[0].filename):
         tb, frames = tb.tb_next, frames[1:]
-    from .owngroup import explain  # why there is no default group, if the lab's was destroyed
     return relative_to_site_packages("".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
-                                     + explain(exc) + _self_pair_hint(exc) + _shared_gpu_hint(exc))
+                                     + _situation_hints(exc))
+
+
+def _situation_hints(exc: BaseException) -> str:
+    from .owngroup import explain  # why there is no default group, if the lab's was destroyed
+    return explain(exc) + _self_pair_hint(exc) + _shared_gpu_hint(exc)
+
+
+def advice(exc: BaseException) -> list[str]:
+    """What ddplab says of an error raised on a rank, beyond the error itself: each ``ddplab: ...``
+    sentence a traceback from here ends with (``rank`` used inside a function, a rank that sent
+    to itself, a destroyed group, a shared GPU), without the prefix. A check shows them as its hint."""
+    text = _situation_hints(exc) + _name_hint(exc)
+    return [line.removeprefix("ddplab: ") for line in text.splitlines() if line.strip()]
 
 
 def _self_pair_hint(exc: BaseException) -> str:
@@ -267,10 +280,11 @@ def _quiet(code: str) -> bool:
         return code.rstrip().endswith(";")
 
 
-def run_cell(source: str, pdb: bool = False) -> dict:
+def run_cell(source: str, pdb: bool = False, kernel_path: list[str] | None = None) -> dict:
     """Run notebook cell source in this rank's namespace, like a Python prompt.
 
-    IPython syntax (``%time``, ``!ls``) and top-level ``await`` (``awaiting``) work;
+    The user's modules are made fresh first (``fresh.refresh``, with the kernel's
+    ``sys.path``). IPython syntax (``%time``, ``!ls``) and top-level ``await`` (``awaiting``) work;
     the last expression's value is displayed. ``pdb``: stop in the debugger at the cell's first line
     (``%%rank N --pdb``; see ``debugger``). Returns ``{"ok", "events", "error"}``.
     """
@@ -287,6 +301,7 @@ def run_cell(source: str, pdb: bool = False) -> dict:
             tree = ast.parse(code, filename)
             last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
             ns = namespace()
+            fresh.refresh(ns, kernel_path)
             if pdb:
                 debugger.trace_cell()
             awaiting.run(awaiting.compile_cell(tree, filename, "exec"), ns)
@@ -307,6 +322,8 @@ def _failed(exc: BaseException, keep: Callable[[str], bool]) -> str:
     quit = debugger.quit_error(exc)
     if quit is not None:
         return quit                          # q in the debugger: no traceback to show
+    if isinstance(exc, fresh.ReloadError):   # the user's file, not ddplab's frames that reloaded it
+        return f"{exc}\n{_format_error(exc.__cause__, fresh.users)}"
     debugger.keep(exc, keep)
     return _format_error(exc, keep)
 
@@ -318,17 +335,47 @@ def call(fn: Callable, args: tuple, kwargs: dict,
     ``sources``: the lines of files only the kernel has (a function defined in
     a notebook cell), for pdb's ``l`` and tracebacks here.
     """
+    return _call(lambda: (fn, args, kwargs), sources)
+
+
+def call_pickled(pickled: bytes, own: tuple = (), sources: dict[str, list[str]] | None = None,
+                 kernel_path: list[str] | None = None) -> dict:
+    """A job's call: ``fn(*common, *own, **kwargs)``, ``(fn, common, kwargs)`` pickled once for
+    every rank (``own``: this rank's own arguments, as ``Lab.run_each`` and ``lab.spawn`` send).
+
+    The rank's modules are made fresh first (``fresh.refresh``, with the kernel's
+    ``sys.path``), then the job is unpickled: a function of the user's own module,
+    sent by name, is the one the fresh module holds. See ``call`` for the rest.
+    """
+    import pickle
+
+    def load() -> tuple[Callable, tuple, dict]:
+        fresh.refresh(namespace(), kernel_path)
+        fn, common, kwargs = pickle.loads(pickled)
+        return fn, (*common, *own), kwargs
+    return _call(load, sources)
+
+
+def _call(load: Callable[[], tuple[Callable, tuple, dict]],
+          sources: dict[str, list[str]] | None) -> dict:
+    """``fn(*args, **kwargs)`` from ``load()``, both with the output recorded (what a module prints
+    as it loads is the job's too); the dict ``call`` returns."""
     for filename, lines in (sources or {}).items():
         linecache.cache[filename] = (sum(map(len, lines)), None, list(lines), filename)
     recorder = output.OutputRecorder()
     value, error = None, None
     with output.capture(recorder):
         try:
-            value = fn(*args, **kwargs)
-        except BaseException as exc:
-            error = _failed(exc, _is_user_code) + _name_hint(exc)
-        finally:
-            debugger.end()
+            fn, args, kwargs = load()
+        except BaseException as exc:       # a module that failed to load, a name the file lacks
+            error = _failed(exc, _is_user_code) + fresh.explain(exc)
+        else:
+            try:
+                value = fn(*args, **kwargs)
+            except BaseException as exc:
+                error = _failed(exc, _is_user_code) + _name_hint(exc)
+            finally:
+                debugger.end()
     if error is None:
         # Checked here, where the rank is known: ipyparallel's own failure to send
         # the value back names an engine id and a bare TypeError.
@@ -336,20 +383,11 @@ def call(fn: Callable, args: tuple, kwargs: dict,
     return {"ok": error is None, "events": recorder.events, "error": error, "value": value}
 
 
-def call_pickled(pickled: bytes, own: tuple, sources: dict[str, list[str]] | None = None) -> dict:
-    """``call(fn, (*common, *own))``, ``(fn, common)`` pickled once for many ranks: ``Lab.run_each``
-    sends each rank its own arguments, and the function and the shared ones as bytes made once."""
-    import pickle
-    try:
-        fn, common = pickle.loads(pickled)
-    except BaseException as exc:
-        return {"ok": False, "events": [], "error": _failed(exc, _is_user_code), "value": None}
-    return call(fn, (*common, *own), {}, sources)
-
-
 def _is_user_code(filename: str) -> bool:
-    """Neither this module nor ``owngroup`` (which runs ``lab.spawn`` / ``run_script`` code)."""
-    return _is_user_file(filename) and not filename.endswith(os.path.join("rank", "owngroup.py"))
+    """Neither this module nor ``owngroup`` and ``script`` (which run ``lab.spawn`` /
+    ``run_script`` code)."""
+    return _is_user_file(filename) and not filename.endswith(
+        (os.path.join("rank", "owngroup.py"), os.path.join("rank", "script.py")))
 
 
 def _sendable(value: Any) -> tuple[Any, str | None]:

@@ -131,12 +131,23 @@ class Pump:
             self._sent = screen
             self._publish({KEY: screen})
 
+    def blocked_for(self) -> float | None:
+        """Seconds this cell has sat in one torch.distributed call (None: in none)."""
+        return self._watch.held_for()
+
     def publish_status(self) -> None:
         """Send the rank's status when it changed (blocked in a call, or no longer)."""
         status = self._watch.look()
         if status != self._status:
             self._status = status
             self._publish({STATUS_KEY: status})
+
+
+def blocked_for() -> float | None:
+    """Seconds the running cell's thread has sat in one torch.distributed call (None: in none,
+    or no cell runs), as its live status measures it; asked from another thread."""
+    pump = _service.pump
+    return pump.blocked_for() if pump is not None else None
 
 
 class _Service:
@@ -169,6 +180,11 @@ class _Service:
                 # no sooner anyway. A wake per call (a thread switch, the GIL
                 # handed over) was a measurable part of a short lab.run.
                 self._lock.notify()
+
+    @property
+    def pump(self) -> Pump | None:
+        """The pump of the cell running now, if any."""
+        return self._pump
 
     def detach(self, pump: Pump) -> None:
         with self._lock:

@@ -314,7 +314,7 @@ def _end_own_groups() -> None:
     gc.collect()
 
 
-def run_spawned(fn: Callable, rank: int, args: tuple, env: dict[str, str], run_id: str) -> Any:
+def run_spawned(fn: Callable, args: tuple, rank: int, env: dict[str, str], run_id: str) -> Any:
     """``fn(rank, *args)`` with the lab's group set aside: one rank of ``lab.spawn``."""
     with set_aside(env, run_id):
         return fn(rank, *args)

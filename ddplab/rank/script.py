@@ -55,8 +55,11 @@ def run_script(path: str, argv: list[str], env: dict[str, str]) -> None:
             exec(code, module.__dict__)
         except SystemExit as e:
             if e.code not in (None, 0):
+                # The script's own frames only, down to its sys.exit: the engine leaves this
+                # module's out (``engine._is_user_code``), and SystemExit's chain says no more.
                 raise RuntimeError(f"the script exited with code {e.code!r} (sys.exit) on rank "
-                                   f"{env.get('RANK', '?')}") from e
+                                   f"{env.get('RANK', '?')}").with_traceback(
+                                       e.__traceback__.tb_next) from None
         finally:
             sys.modules["__main__"] = main
             if sys.path and sys.path[0] == folder:

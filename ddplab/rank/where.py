@@ -32,6 +32,13 @@ process at all (``tests/test_where.py``). A cell that calls
   named by its function (by its file for code at module level). The user's
   code is whatever is not a library: not site-packages, not the standard
   library, not ddplab, not Python's own ``<frozen ...>`` or ``<string>`` code.
+  Code typed in (``<stdin>``, IPython's ``<ipython-input-...>``) is the user's.
+- **Inside** is the library function the user's line called, when the rank
+  waits in one outside torch.distributed: ``queue.get``, ``subprocess.run``
+  (the outermost library frame inward of the line). A rank there, or at its
+  own line (``time.sleep`` is C: no frame of its own), is *in its own code*:
+  late perhaps, but not waiting for another rank, unless the library is
+  autograd's backward, where DDP's reducer waits for the others in C++.
 - **The call** is the outermost public function of ``distributed_c10d.py``
   inward of the user's code: ``recv_object_list`` waits in ``recv`` and
   ``all_gather_object`` in ``all_gather``; the user wrote the outer one.
@@ -46,6 +53,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from types import FrameType
 from typing import Iterable, Iterator, NamedTuple
 
@@ -65,9 +73,16 @@ _C10D_FILE = "/torch/distributed/distributed_c10d.py"
 _DISTRIBUTED = "/torch/distributed/"
 # The paths of libraries on any machine (a dump may come from another host).
 _LIBRARY_MARKS = ("site-packages", "dist-packages", "/lib/python")
+#: Where a library's dotted name starts in its path (``module_name``).
+_LIBRARY_ROOT = re.compile(r"/(?:site-packages|dist-packages|lib/python\d[\d.]*)(?=/)")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # .../ddplab
 _OWN_MARK = "/ddplab/"
 _USER, _CELL, _C10D, _TORCH_DIST, _LIBRARY = range(5)
+#: Code typed in, not read from a file: the user's, though its name starts with "<".
+_TYPED_IN = ("<stdin>", "<ipython-input-")
+#: Libraries a rank may wait for the others inside without a torch.distributed frame: autograd's
+#: backward (DDP's reducer all-reduces in C++ from there), and DDP itself.
+_WAITS_FOR_OTHERS = ("torch.autograd.", "torch._tensor.backward", "torch.nn.parallel.")
 _kinds: dict[str, int] = {}       # filename -> its kind; the trace asks on every call
 
 
@@ -87,6 +102,8 @@ def _classify(filename: str) -> int:
         return _C10D
     if _DISTRIBUTED in filename:
         return _TORCH_DIST
+    if filename.startswith(_TYPED_IN):
+        return _USER                    # <stdin>, or a terminal IPython's (or its test shell's) cell
     if filename.startswith("<") or any(mark in filename for mark in _LIBRARY_MARKS):
         return _LIBRARY
     if filename.startswith(_PACKAGE + os.sep):
@@ -131,13 +148,19 @@ class Where(NamedTuple):
     line_at: int | None = None     # the index of the frame ``line`` names
     in_dist: bool = False          # some frame inward of the user's code is torch.distributed
     innermost: str = ""            # the innermost frame's function ("" for an empty stack)
+    inside: str = ""               # "queue.get": the library function the user's line called
 
     def in_call(self) -> str:
         """The hang report's words: ``in all_reduce (cell line 3)``, after "still"."""
         if not self.innermost:
             return NO_STACK
-        what = f"in {self.call or self.innermost}"
+        what = f"in {self.call or (self.inside if self.line else '') or self.innermost}"
         return f"{what} ({self.line})" if self.line else what
+
+    def in_own_code(self) -> bool:
+        """Whether the rank runs its own code: at a line of the user's, inside no torch.distributed
+        call and no library where it could wait for the other ranks (``_WAITS_FOR_OTHERS``)."""
+        return bool(self.line) and not self.in_dist and not self.inside.startswith(_WAITS_FOR_OTHERS)
 
     def blocked(self) -> str:
         """The live status: ``blocked in send, cell line 3`` (``""`` outside any call)."""
@@ -159,7 +182,7 @@ def locate(stack: Iterable[Record]) -> Where:
     ...         ("<rank cell 2>", 3, "<module>")]).in_call()
     'in send (cell line 3)'
     """
-    call = call_at = line_at = None
+    call = call_at = line_at = library = None
     line, innermost, in_dist, in_user = "", "", False, False
     kinds = _kinds                      # the trace asks on every call: keep the loop lean
     for index, (filename, lineno, function) in enumerate(stack):
@@ -172,6 +195,8 @@ def locate(stack: Iterable[Record]) -> Where:
             line, line_at = f"cell line {_number(lineno)}", index
             break                       # the cell is the line; nothing further out matters
         if kind == _LIBRARY:
+            if not in_user:
+                library = (filename, function)      # the outermost one so far, inward of the line
             continue
         if kind == _USER:
             if not in_user:
@@ -184,7 +209,23 @@ def locate(stack: Iterable[Record]) -> Where:
         in_dist = True
         if kind == _C10D and not function.startswith("_"):
             call, call_at = function, index
-    return Where(call, line, call_at, line_at, in_dist, innermost)
+    inside = f"{module_name(library[0])}.{library[1]}" if library and line and not in_dist else ""
+    return Where(call, line, call_at, line_at, in_dist, innermost, inside)
+
+
+def module_name(filename: str) -> str:
+    """The dotted name of a library's file: ``queue`` for ``/usr/lib/python3.11/queue.py``,
+    ``torch.autograd.graph`` for ``.../site-packages/torch/autograd/graph.py``."""
+    if filename.startswith("<frozen "):
+        return filename[len("<frozen "):].rstrip(">")
+    path = filename.replace(os.sep, "/")
+    if path.startswith(_PACKAGE + "/"):
+        path = "ddplab" + path[len(_PACKAGE):]
+    else:
+        roots = list(_LIBRARY_ROOT.finditer(path))
+        path = path[roots[-1].end():] if roots else path
+    parts = [part for part in path.removesuffix(".py").split("/") if part and part != "__init__"]
+    return ".".join(parts)
 
 
 _RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | \

@@ -171,7 +171,7 @@ import importlib.machinery, sys
 path = list(ddplab.check.__path__)
 class Hook:
     def find_spec(self, name, where=None, target=None):
-        if name != "ddplab.check.setup":
+        if name != "ddplab.check.nb00_setup":
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         real = spec.loader
@@ -237,8 +237,8 @@ ATTACKS = {
         "class ddplab:\n    class check:\n        @staticmethod\n"
         f"        def mean_score(*a, **k):\n            {FAKE_CORRECT}"), 0),
     "swapped_code": (_before_check(
-        "import ddplab.check.setup\n"
-        f"ddplab.check.setup.mean_score.__code__ = (lambda lab=None: {FAKE_CORRECT}).__code__\n"
+        "import ddplab.check.nb00_setup as nb00\n"
+        f"nb00.mean_score.__wrapped__.__code__ = (lambda lab=None: {FAKE_CORRECT}).__code__\n"
         f"ddplab.check._core.compare.__code__ = (lambda *a, **k: None).__code__"), 0),
     "patched_print": (_before_check(
         "import builtins, sys\n_p = builtins.print\n"

@@ -93,7 +93,7 @@ def compile(source, *a, **k):
 '''
 
 PATCHED_LAB_RUN = '''
-import ddplab.lab, ddplab.check.p2p as p2p
+import ddplab.lab, ddplab.check.nb01_point_to_point as p2p
 def run(self, fn, *args, **kwargs):
     # what swap_tensors expects back from the ranks, for the trial it asks for
     case = args[-1]
@@ -104,7 +104,7 @@ type(lab).run = ddplab.lab.Lab.run = run
 REPLACED_CHECKERS = f'''
 ddplab.check.swap_tensors = lambda *a, **k: print({SWAP_CORRECT.strip()!r})
 ddplab.check.who_waited = lambda *a, **k: print({WAITED_CORRECT.strip()!r})
-setattr(ddplab.check.p2p, "swap_tensors", ddplab.check.swap_tensors)
+setattr(ddplab.check.nb01_point_to_point, "swap_tensors", ddplab.check.swap_tensors)
 '''
 
 FAKE_DDPLAB = f'''
@@ -115,11 +115,11 @@ class ddplab:
 '''
 
 SWAPPED_CODE = f'''
-import ddplab.check.p2p, ddplab.check.timeline
+import ddplab.check.nb01_point_to_point as p2p
 fake_swap = lambda fn, lab=None, timeout=0: print({SWAP_CORRECT.strip()!r})
 fake_waited = lambda answer, trace=None: print({WAITED_CORRECT.strip()!r})
-ddplab.check.p2p.swap_tensors.__code__ = fake_swap.__code__
-ddplab.check.timeline.who_waited.__code__ = fake_waited.__code__
+p2p.swap_tensors.__wrapped__.__code__ = fake_swap.__code__      # the checker under @checker
+p2p.who_waited.__wrapped__.__code__ = fake_waited.__code__
 '''
 
 # Every print in the kernel is followed by both Correct lines, and so is every cell.
