@@ -38,12 +38,13 @@ uses, is a teaching module: notebook 03 imports it, and it says what torchrun te
 ``tools/check_layout.py`` holds the top level to this list.
 """
 
-from . import check, plan, trace
+from . import check, trace
 from .errors import ConfigError, DdplabError, EngineDiedError, HangError, RankError
 from .hints import hint, solution
 from .lab import Lab, attach, current, start
 from .lab.magics import load_ipython_extension
 from .lab.scratch import scratch_folder
+from .plan import plan  # the function; its steps stay importable: ``from ddplab.plan import Config``
 from .rank.debugger import breakpoint
 from .show import Picture, show
 from .trace import Trace

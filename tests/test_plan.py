@@ -24,8 +24,13 @@ def test_strategies_parse_and_compose():
     assert parse("fsdp+tp8") == parse("tp8+fsdp")
     s = parse("tp2+pp4+zero1")
     assert (s.data, s.tp, s.pp, s.replicas(64)) == ("zero1", 2, 4, 8)
-    assert parse("tp8+ddp").check(4, 16, 16) == "4 ranks are not a multiple of tp*pp = 8"
-    assert parse("pp4+ddp").check(8, 18, 16) == "18 layers do not split into 4 equal stages"
+    gpt = Config(layers=3, d_model=1024, head_dim=64, batch=8)              # 16 heads
+    assert parse("tp8+fsdp").check(4, gpt) == "4 ranks are not a multiple of tp*pp = 8"
+    assert parse("tp2+ddp").check(4, gpt).startswith("torch's DDP takes plain tensors, not tensor")
+    assert parse("pp4+ddp").check(8, gpt) == "3 layers cannot fill 4 pipeline stages"
+    assert parse("pp2+ddp").check(8, gpt.but(microbatch=8)).startswith("1 micro-batches cannot fill 2")
+    assert parse("tp32+fsdp").check(32, gpt) == "16 heads (16 key/value heads) do not split over tp=32"
+    assert parse("pp2+ddp").check(8, gpt) is None                       # 3 layers: 1 and 2, as torchtitan
     with pytest.raises(ConfigError, match="cannot read the strategy 'zero3'.*e.g. 'fsdp'"):
         parse("zero3")
 
@@ -84,10 +89,15 @@ def test_step_time_splits_compute_communication_and_bubble():
     assert 0 < ddp.exposed <= ddp.communication                 # the last bucket at least
     fsdp = step(parse("fsdp"), TOY, 8, 3e12, TOY.parameters, dev, net)
     assert fsdp.communication == pytest.approx(1.5 * ddp.communication)   # ag, ag, rs
-    pp = step(parse("pp2+ddp"), TOY, 4, 3e12, TOY.parameters // 2, dev, net)
+    pp = step(parse("pp2+ddp"), TOY, 4, 3e12 / TOY.batch, TOY.parameters // 2, dev, net)   # per micro-batch
+    assert pp.compute == pytest.approx(3.0)
     assert pp.bubble == pytest.approx((2 - 1) / TOY.batch * 3.0)      # 1F1B: (P-1)/M
-    ops = [c[0] for c in collectives(parse("tp2+ddp"), TOY, 4, TOY.parameters)]
-    assert ops.count("all_reduce") == 1 + 4 * TOY.layers             # gradients + 4 per layer
+    interleaved = step(parse("pp2v2+ddp"), TOY, 4, 3e12 / TOY.batch, TOY.parameters // 2, dev, net)
+    assert interleaved.bubble == pytest.approx((2 - 1) / (2 * TOY.batch) * 3.0)   # (P-1)/(V·M)
+    zero2 = step(parse("zero2"), TOY, 8, 3e12, TOY.parameters, dev, net)
+    assert zero2.communication == pytest.approx(ddp.communication)      # one all_gather, one reduce_scatter
+    ops = [c[0] for c in collectives(parse("tp2+fsdp"), TOY, 4, TOY.parameters)]
+    assert ops.count("all_reduce") == 4 * TOY.layers                 # 2 forward, 2 backward per layer
     assert ddp.total == pytest.approx(ddp.compute + ddp.exposed)
     shared = Device("cpu", {"float32": 1e12}, 80e9, "test", efficiency=1.0, overlap=False)
     on_cpu = step(parse("fsdp"), TOY, 8, 3e12, TOY.parameters, shared, net)
@@ -95,24 +105,38 @@ def test_step_time_splits_compute_communication_and_bubble():
 
 
 # ------------------------------------------------------------ the model and the API
-def test_configs_count_their_parameters():
-    assert 1.0e9 < CONFIGS["llm-1b"].parameters < 1.05e9
+@pytest.mark.parametrize("name", ["toy", "gpt-tiny", "llm-1b", "llama3.1-8b", "llama3.1-405b"])
+def test_configs_count_the_parameters_they_build(name):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    config = CONFIGS[name]
+    with FakeTensorMode():
+        built = sum(p.numel() for p in config.build().parameters())
+    assert config.parameters == built
+
+
+def test_the_llama_configs_are_llama_31s_shapes():
+    """8.03B, 70.6B, 405.9B parameters, as Meta's model cards and torchtitan's configs give them."""
+    names = ("llama3.1-8b", "llama3.1-70b", "llama3.1-405b")
+    sizes = [CONFIGS[name].parameters / 1e9 for name in names]
+    assert sizes == pytest.approx([8.03, 70.55, 405.85], abs=0.01)
     assert TOY.parameters == 4 * (2 * 256 * 1024 + 1024 + 256)
 
 
-def test_plan_takes_configs_not_modules():
-    assert callable(ddplab.plan) and ddplab.plan.plan is not None
-    with pytest.raises(ConfigError, match="cannot plan for .*ddplab.plan.Config"):
+def test_plan_is_a_plain_function_and_takes_configs_not_modules():
+    assert ddplab.plan is sys.modules["ddplab.plan"].plan and callable(ddplab.plan)
+    with pytest.raises(ConfigError, match=r"cannot plan for .*Config\(layers=\.\.\., d_model=\.\.\.\) "
+                                          r"\(from ddplab.plan import Config\)"):
         ddplab.plan(object())
 
 
 # ------------------------------------------------------------ measured by torch (a child process)
 @pytest.fixture(scope="module")
 def traced():
-    from ddplab.plan.memory import measure
+    from ddplab.plan.children import measure
 
     return measure(TOY, [("ddp", 4), ("fsdp", 4), ("fsdp", 16), ("zero1", 4), ("pp2+ddp", 4),
-                         ("tp2+ddp", 4), ("tp2+fsdp", 4), ("pp2+fsdp", 8)], timeout=600)
+                         ("tp2+zero2", 4), ("tp2+fsdp", 4), ("pp2+fsdp", 8)], timeout=600)
 
 
 @pytest.mark.slow
@@ -135,8 +159,8 @@ def test_fsdp_and_zero_shard_what_they_should(traced):
     assert zero["parameters"] == full["parameters"]
     assert zero["optimizer"] == pytest.approx(full["optimizer"] / 4, rel=0.2)   # whole tensors per rank
     assert traced[("pp2+ddp", 4)]["state"]["parameters"] == pytest.approx(full["parameters"] / 2, rel=0.01)
-    assert traced[("tp2+ddp", 4)]["state"]["parameters"] == pytest.approx(full["parameters"] / 2, rel=0.01)
-    assert traced[("tp2+ddp", 4)]["flops"] == traced[("ddp", 4)]["flops"] // 2
+    assert traced[("tp2+zero2", 4)]["state"]["parameters"] == pytest.approx(full["parameters"] / 4, rel=0.01)
+    assert traced[("tp2+zero2", 4)]["flops"] == traced[("ddp", 4)]["flops"] // 2
     both = traced[("tp2+fsdp", 4)]["state"]                             # tp 2, then fsdp over 2
     assert both["parameters"] == pytest.approx(full["parameters"] / 4, rel=0.01)
     staged = traced[("pp2+fsdp", 8)]["state"]                           # 2 stages, fsdp over 4
@@ -150,7 +174,7 @@ def test_fsdp_and_zero_shard_what_they_should(traced):
 @pytest.mark.slow
 def test_a_plan_says_what_does_not_fit_and_what_would():
     tight = Device("tiny", {"float32": 1e12}, 20e6, "test")
-    made = ddplab.plan(TOY, world_sizes=[1, 8], strategies=["ddp", "fsdp", "tp8+ddp"], device=tight,
+    made = ddplab.plan(TOY, world_sizes=[1, 8], strategies=["ddp", "fsdp", "tp8+fsdp"], device=tight,
                        network={"alpha": 1e-5, "beta": 1e-9})
     assert not made.row("ddp", 8).fits(tight.memory) and made.row("fsdp", 8).fits(tight.memory)
     advice = made.advice()
@@ -174,6 +198,7 @@ def test_the_command_line_prints_a_plan():
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "toy: 0.0021B parameters" in done.stdout and "fastest that fits" in done.stdout
+    assert "Mtok/s" in done.stdout.splitlines()[2]                      # every column named
 
 
 # ------------------------------------------------------------ the child's changes to torch
@@ -219,3 +244,24 @@ def test_a_trace_with_fsdps_chunks_made_one_at_a_time_measures_the_same(monkeypa
     fast = memory.trace(TOY, parse("fsdp"), 16)
     monkeypatch.setattr(memory, "one_chunk_each", contextlib.nullcontext)
     assert memory.trace(TOY, parse("fsdp"), 16) == fast
+
+
+def test_a_plan_calibrated_on_one_measured_step_reads_the_others():
+    """at_efficiency re-times every row from its FLOPs (no tracing); calibrated finds the efficiency
+    at which one row trains what was measured."""
+    from ddplab.plan import Plan, Row
+
+    dev = Device("d", {"float32": 1e12}, 80e9, "test", efficiency=0.5)
+    net = Network.from_bench({"alpha": 1e-5, "beta": 1e-9})
+    rows = [Row(s, n, step=step(parse(s), TOY, n, 3e12, TOY.parameters, dev, net), flops=int(3e12),
+                parameters=TOY.parameters, tokens=n * TOY.batch * TOY.seq)
+            for s, n in (("ddp", 8), ("fsdp", 64))]
+    made = Plan(TOY, dev, net, rows)
+    measured = 0.8 * made.row("ddp", 8).tokens_per_gpu            # the real step was slower
+    efficiency = made.calibrated(made.row("ddp", 8), measured)
+    again = made.at_efficiency(efficiency)
+    assert again.row("ddp", 8).tokens_per_gpu == pytest.approx(measured, rel=1e-6)
+    assert efficiency < 0.5 and again.device.efficiency == efficiency
+    assert again.row("fsdp", 64).step.compute == pytest.approx(3.0 / efficiency)
+    with pytest.raises(ConfigError, match="Did you mean 0.40"):
+        made.at_efficiency(40)

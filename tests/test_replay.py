@@ -93,9 +93,44 @@ def test_a_replay_exports_to_perfetto_like_any_trace(tmp_path):
     assert "all_reduce" in big.summary()
 
 
-def test_replay_names_the_fix_for_bad_arguments():
-    with pytest.raises(ConfigError, match="needs world_size >= 1.*fit_ring"):
-        two_steps().replay(world_size=0, alpha=ALPHA, beta=BETA)
+@pytest.mark.parametrize("world_size", [0, -1, True, 8.0, "8"])
+def test_replay_names_the_fix_for_a_bad_world_size(world_size):
+    with pytest.raises(ConfigError, match="needs world_size, a whole number of ranks >= 1.*fit_ring"):
+        two_steps().replay(world_size=world_size, alpha=ALPHA, beta=BETA)
+
+
+@pytest.mark.parametrize("key", ["alpha", "beta"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1e-6, "5e-5", None])
+def test_replay_refuses_alpha_and_beta_that_are_not_finite_numbers(key, value):
+    """NaN or inf would make every replayed time NaN or inf (the old code took them)."""
+    fit = {"alpha": ALPHA, "beta": BETA, key: value}
+    with pytest.raises(ConfigError, match=f"tr.replay: {key} must be a finite number >= 0.*fit_ring"):
+        two_steps().replay(world_size=8, **fit)
+
+
+def hung() -> Trace:
+    """Two ranks: an all_reduce of 4 MB, then both stuck in the second (read after a hang)."""
+    t = ring(2, MB4)
+    rows = []
+    for rank in (0, 1):
+        rows += [dict(rank=rank, op="all_reduce", kind="collective", start=0.010, end=0.010 + t, nbytes=MB4),
+                 dict(rank=rank, op="all_reduce", kind="collective", start=0.020 + t, end=5.0, nbytes=MB4,
+                      open=True)]
+    tr = made(rows)
+    tr.hung = True
+    return tr
+
+
+def test_a_hung_trace_replays_up_to_its_hang():
+    """The stuck all_reduce never completes in the replay (the old code completed it in its α-β
+    time and the summary lost the hang)."""
+    again = hung().replay(world_size=8, alpha=ALPHA, beta=BETA)
+    assert again.hung and "up to a hang" in again.summary()
+    done, stuck = again.on(0)
+    assert done.duration == pytest.approx(ring(8, MB4), rel=1e-9) and not done.open
+    assert stuck.open and stuck.done is None
+    assert stuck.duration == pytest.approx(5.0 - 0.020 - ring(2, MB4), rel=1e-9)   # as long as read
+    assert "up to the hang" in again.clock[0].how
 
 
 def _step():

@@ -2,9 +2,9 @@
 
     seconds = flops / (peak(device, dtype) * efficiency)
 
-The FLOPs are counted, not guessed: ``ddplab.plan.memory`` runs the step under
+The FLOPs are counted, not guessed: ``ddplab.plan.flops`` runs the step under
 ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, attention, convolutions:
-2 FLOPs per multiply-add, the backward included). The peak comes from
+2 FLOPs per multiply-add, the backward and checkpointing's recomputation included). The peak comes from
 torch's own table of datasheet numbers where it has the device
 (``torch._inductor.analysis.device_info``, dense: sparsity factor removed),
 else from the small table below. ``efficiency`` is the share of the peak a

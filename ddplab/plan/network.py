@@ -49,8 +49,11 @@ class Network:
 
     @classmethod
     def from_bench(cls, fit: dict, name: str = "your lab's α-β fit") -> Network:
-        """One link everywhere, from ``ddplab.bench.fit_ring`` (or ``machine``): {"alpha", "beta"}."""
-        link = Link(float(fit["alpha"]), float(fit["beta"]))
+        """One link everywhere, from ``ddplab.bench.fit_ring`` (or ``machine``): {"alpha", "beta"},
+        each a finite number >= 0 (refused otherwise, with the fix)."""
+        from .inputs import alpha_beta
+
+        link = Link(*alpha_beta(fit))
         return cls(name, link, link, per_node=1 << 30)
 
     @classmethod

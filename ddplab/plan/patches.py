@@ -2,11 +2,16 @@
 falls back to torch's own code where torch's internals are not as expected.
 
 - ``peak_only``: a memory tracker that keeps the rank's peak only (the stock one walks every
-  module on every op for per-module peaks the plan never reads);
+  module on every op for per-module peaks the plan never reads), and the most model states
+  (parameters, gradients, optimizer state) held at once;
 - ``real_meshes``: FSDP over tp joins two device meshes with tensor ops that fail under
   ``FakeTensorMode`` (torch 2.13): joined with fake mode off;
 - ``one_chunk_each``: FSDP2 makes world_size chunks of every parameter and keeps one; only the
-  chunks it reads are made (the same views), so a plan at 1,024 ranks costs what one at 8 does.
+  chunks it reads are made (the same views), so a plan at 1,024 ranks costs what one at 8 does;
+- ``propagation_apart``: DTensor works out an op's output shape by running it on fake tensors of
+  the *global* shape, in whatever fake mode is active: under the planner's, torch's tracker
+  counted those as the rank's (67 GB of a 70B model's loss under ``loss_parallel``). On a GPU
+  they are never allocated; here they run in a fake mode of their own, which the tracker skips.
 
 They run in the throwaway child process of ``ddplab.plan.memory.measure`` only, never in a
 notebook's kernel.
@@ -17,22 +22,40 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-__all__ = ["Chunks", "one_chunk_each", "peak_only", "real_meshes"]
+__all__ = ["Chunks", "STATES", "one_chunk_each", "peak_only", "propagation_apart", "real_meshes"]
+
+# the tracker categories of parameters, gradients and optimizer state (MemTracker's, FSDPMemTracker's)
+STATES = frozenset({"Parameter", "Buffer", "Sharded Param", "Unsharded Param", "All Gather", "Gradient",
+                    "Sharded Grad", "Unsharded Grad", "Reduce Scatter", "Optstate", "OptState"})
 
 
-def peak_only(tracker: type) -> type:
-    """torch's tracker, keeping the rank's peak only. On every op the stock one also walks every
-    module for its own peak (``_update_peak_stats``): most of a 1B plan's time, for numbers the
-    plan never reads. Where torch's internals are not as expected, the stock tracker."""
+def peak_only(tracker: type, states: frozenset = frozenset()) -> type:
+    """torch's tracker, keeping the rank's peak only, and ``model_states``: the most bytes held
+    at once in the categories ``states`` (default: parameters, gradients, optimizer state). On
+    every op the stock one also walks every module for its own peak (``_update_peak_stats``):
+    most of a plan's time, for numbers the plan never reads. Where torch's internals are not
+    as expected, the stock tracker (and ``model_states`` 0)."""
     if not all(hasattr(tracker, name) for name in ("_update_peak_stats", "get_tracker_snapshot")):
         return tracker
+    names = states or STATES
 
     class PeakOnly(tracker):
+        model_states = 0
+
         def _update_peak_stats(self, peak_state: Any) -> None:
             for device, snapshot in self._curr_mem_snap.items():
                 if self._peak_mem.get(device, 0) < snapshot["Total"]:
                     self._peak_mem[device] = snapshot["Total"]
                     self._peak_mem_snap[device] = dict(snapshot)
+                held = sum(v for k, v in snapshot.items() if getattr(k, "value", k) in names)
+                self.model_states = max(self.model_states, held)
+
+        def reset_peak(self) -> None:
+            """Start a new peak (and ``model_states``) from what is held now: the next phase's."""
+            self._peak_mem = {device: snap["Total"] for device, snap in self._curr_mem_snap.items()}
+            self._peak_mem_snap = {device: dict(snap) for device, snap in self._curr_mem_snap.items()}
+            self.model_states = max((sum(v for k, v in snap.items() if getattr(k, "value", k) in names)
+                                     for snap in self._curr_mem_snap.values()), default=0)
 
     return PeakOnly
 
@@ -108,3 +131,27 @@ def one_chunk_each() -> Iterator[None]:
         yield
     finally:
         setattr(module, name, own)
+
+
+@contextmanager
+def propagation_apart() -> Iterator[None]:
+    """DTensor's shape propagation (``ShardingPropagator._propagate_tensor_meta_non_cached``) runs
+    its op on global-shape fake tensors in ``detect_fake_mode() or FakeTensorMode()``: under the
+    planner's fake mode that is the tracker's own mode, so the tracker counted them. Here it gets a
+    fake mode of its own (as on a GPU, where no fake mode is active), which the tracker skips.
+    Where torch's internals are not as expected, torch's own function."""
+    import importlib
+
+    module = importlib.import_module("torch.distributed.tensor._sharding_prop")
+    own = getattr(module, "detect_fake_mode", None)
+    if own is None:
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    apart = FakeTensorMode()
+    module.detect_fake_mode = lambda *args, **kwargs: apart
+    try:
+        yield
+    finally:
+        module.detect_fake_mode = own

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .precision import describe
 from .step import Step
 
 __all__ = ["Plan", "Row"]
@@ -27,12 +28,21 @@ class Row:
     source: str = ""
     error: str | None = None          # why this case has no numbers
     tokens: int = 0                   # trained per step by all ranks: replicas x batch x seq
+    model_states: int = 0             # the most parameters + gradients + optimizer state at once
+    uncounted: list = field(default_factory=list)   # ops run that the flop counter had no formula for
+    flops: int = 0                    # what the step time was made from: FLOPs (a micro-batch's
+    parameters: int = 0               # under a pipeline) and the rank's stage's parameters
 
     @property
     def tokens_per_s(self) -> float:
         """What to compare strategies by at one world size: their steps train different
         global batches (tp and pp make fewer replicas, each as big)."""
         return self.tokens / self.step.total if self.step and self.step.total > 0 else 0.0
+
+    @property
+    def tokens_per_gpu(self) -> float:
+        """Tokens trained per second per rank (what torchtitan's TPS/GPU reports)."""
+        return self.tokens_per_s / self.world_size
 
     def fits(self, budget: float) -> bool:
         return self.error is None and self.peak <= budget
@@ -47,40 +57,74 @@ class Plan:
     def row(self, strategy: str, world_size: int) -> Row:
         return next(r for r in self.rows if (r.strategy, r.world_size) == (strategy, world_size))
 
+    def at_efficiency(self, efficiency: float) -> Plan:
+        """The same plan with another efficiency: the step times made again from each row's
+        FLOPs and parameters (no tracing). Calibrate it on one measured step, then read the
+        others: ``p.at_efficiency(p.calibrated(row, measured_tokens_per_gpu))``."""
+        from dataclasses import replace
+
+        from . import inputs
+        from .step import step
+        from .strategies import parse
+
+        device = replace(self.device, efficiency=inputs.efficiency(efficiency))
+        rows = [r if r.error else replace(r, step=step(parse(r.strategy), self.model, r.world_size,
+                                                       r.flops, r.parameters, device, self.network))
+                for r in self.rows]
+        return Plan(self.model, device, self.network, rows)
+
+    def calibrated(self, row: Row, tokens_per_gpu: float) -> float:
+        """The efficiency at which ``row`` trains ``tokens_per_gpu`` tokens per second per rank
+        (bisection on the step time, which falls as the efficiency rises)."""
+        low, high = 1e-4, 1.0
+        for _ in range(60):
+            middle = (low + high) / 2
+            got = self.at_efficiency(middle).row(row.strategy, row.world_size).tokens_per_gpu
+            low, high = (middle, high) if got < tokens_per_gpu else (low, middle)
+        return (low + high) / 2
+
     def table(self) -> str:
         gb = 1e9
-        head = (f"{'strategy':<14}{'ranks':>6} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} "
+        head = (f"{'strategy':<16}{'ranks':>6} {'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} "
                 f"{'peak GB':>8} {'fits':>5} | {'compute':>8} {'comm':>8} {'exposed':>8} {'bubble':>8} "
-                f"{'step s':>8} {'torch comm':>10}")
-        lines = [f"{self.model.name}: {self.model.parameters / 1e9:.3g}B parameters, {self.model.dtype}, "
-                 f"{self.model.batch} x {self.model.seq} tokens per replica; {self.device.name} "
-                 f"({self.device.memory / gb:g} GB, efficiency {self.device.efficiency:g}); "
-                 f"{self.network.name}", head, "-" * len(head)]
+                f"{'step s':>8} {'torch comm':>10} {'Mtok/s':>7}")
+        m = self.model
+        lines = [f"{m.name}: {m.parameters / 1e9:.3g}B parameters, {m.batch} x {m.seq} tokens per replica, "
+                 f"checkpointing {m.checkpointing}; {self.device.name} ({self.device.memory / gb:g} GB, "
+                 f"efficiency {self.device.efficiency:g}); {self.network.name}",
+                 f"precision {describe(m.precision)}", head, "-" * len(head)]
         for r in self.rows:
             if r.error:
-                lines.append(f"{r.strategy:<14}{r.world_size:>6}  cannot: {r.error}")
+                lines.append(f"{r.strategy:<16}{r.world_size:>6}  cannot: {r.error}")
                 continue
-            m, s = r.memory, r.step
+            k, s = r.memory, r.step
             lines.append(
-                f"{r.strategy:<14}{r.world_size:>6} " + " ".join(f"{m[k] / gb:>7.2f}" for k in _KINDS)
+                f"{r.strategy:<16}{r.world_size:>6} " + " ".join(f"{k[kind] / gb:>7.2f}" for kind in _KINDS)
                 + f" {r.peak / gb:>8.2f} {'yes' if r.fits(self.device.memory) else 'NO':>5} | "
                 + " ".join(f"{v:>8.3g}" for v in (s.compute, s.communication, s.exposed, s.bubble, s.total))
                 + f" {s.torch_communication:>10.3g} {r.tokens_per_s / 1e6:>7.3g}")
-        lines += ["", "memory: GB per rank (rank 0); params/grads/optim after the optimizer step, "
-                  "activations when the forward ends, peak: the most held at once (torch's trackers).",
+        uncounted = sorted({op for r in self.rows for op in r.uncounted})
+        lines += ["", "memory: GB per rank; params/grads/optim after the optimizer step, activations when "
+                  "the forward ends, peak: the most held at once (torch's trackers; not the allocator's "
+                  "reserve).",
                   "time: seconds per step; comm: all collectives (α-β), exposed: the part not hidden "
-                  "behind compute; torch comm: the same collectives by DTensor's cost model; "
-                  "Mtok/s: tokens trained per second by all ranks.",
+                  "behind compute; torch comm: the same collectives by DTensor's cost model (NVLink-class "
+                  "constants of its own, whatever the network); Mtok/s: millions of tokens trained per "
+                  "second by all ranks.",
                   "sources: " + "; ".join(sorted({f"{r.strategy}: {r.source}" for r in self.rows
-                                                  if r.source and not r.error})), "", self.advice()]
-        return "\n".join(lines)
+                                                  if r.source and not r.error}))]
+        if uncounted:
+            lines.append("FLOPs not counted (no formula in torch's counter; memory-bound, lumped into the "
+                         "efficiency): " + ", ".join(uncounted))
+        return "\n".join(lines + ["", self.advice()])
 
     def __repr__(self) -> str:
         return self.table()
 
-    def advice(self) -> str:
-        """What does not fit the device's memory, and the fastest strategy that does, per size."""
-        budget, out = self.device.memory, []
+    def advice(self, budget: float | None = None) -> str:
+        """What does not fit ``budget`` bytes per rank (default: the device's memory), and the
+        fastest strategy that does, per size."""
+        budget, out = (self.device.memory if budget is None else budget), []
         for n in dict.fromkeys(r.world_size for r in self.rows):
             rows = [r for r in self.rows if r.world_size == n and not r.error]
             fitting = sorted((r for r in rows if r.fits(budget)), key=lambda r: -r.tokens_per_s)

@@ -154,14 +154,16 @@ class Trace:
         return self
 
     @classmethod
-    def made(cls, events: list[Event], compute: list[Event], ranks: list[int], how: str) -> Trace:
+    def made(cls, events: list[Event], compute: list[Event], ranks: list[int], how: str,
+             hung: bool = False) -> Trace:
         """A trace made rather than recorded (``tr.replay``): these events, no lab behind it;
-        ``how`` says where its times come from (kept in ``tr.clock``, shown by Perfetto)."""
+        ``how`` says where its times come from (kept in ``tr.clock``, shown by Perfetto);
+        ``hung``: it ends in a hang (its open calls are stuck)."""
         trace = cls.__new__(cls)
         trace.lab, trace.align, trace.ranks = None, "auto", list(ranks)
         trace.events, trace.compute = events, sorted(compute, key=lambda e: (e.rank, e.start))
         trace.clock = {r: Clock(0.0, 0.0, how) for r in ranks}
-        trace.t0, trace.running, trace.complete, trace.hung = 0.0, False, True, False
+        trace.t0, trace.running, trace.complete, trace.hung = 0.0, False, True, hung
         return trace
 
     def replay(self, world_size: int, alpha: float, beta: float, **fit: Any) -> Trace:
@@ -169,7 +171,9 @@ class Trace:
         ``tr.replay(world_size=8, **ddplab.bench.fit_ring(results))``."""
         from .replay import replay
         events, compute, how = replay(self, world_size, alpha, beta, **fit)
-        return Trace.made(events, compute, self.ranks, how)
+        made = Trace.made(events, compute, self.ranks, how, hung=self.hung)
+        made.complete = self.complete
+        return made
 
     # ---------------------------------------------------------------- the data
     @property

@@ -58,10 +58,13 @@ def replay(trace: Any, world_size: int, alpha: float, beta: float,
     """``trace``'s events and compute spans re-timed at ``world_size`` ranks with α (s per
     message) and β (s per byte), and a line saying so: what ``Trace.replay`` makes its new
     trace of. ``ignored`` takes the rest of a ``fit_ring``/``machine`` dict."""
-    if world_size < 1 or alpha < 0 or beta < 0:
-        raise ConfigError(f"ddplab: tr.replay needs world_size >= 1 and alpha, beta >= 0, got "
-                          f"world_size={world_size}, alpha={alpha}, beta={beta}. Take them from "
+    from ..plan.inputs import alpha_beta
+
+    if type(world_size) is not int or world_size < 1:
+        raise ConfigError(f"ddplab: tr.replay needs world_size, a whole number of ranks >= 1, got "
+                          f"world_size={world_size!r}. Take alpha and beta from "
                           f"ddplab.bench.fit_ring(results): tr.replay(world_size=8, **fit).")
+    alpha, beta = alpha_beta({"alpha": alpha, "beta": beta}, "ddplab: tr.replay")
     events = trace.require_events()
     recorded = len(trace.ranks)
     size = {id(e): (world_size if e.group is None or len(e.group) >= recorded else len(e.group))
@@ -82,6 +85,8 @@ def replay(trace: Any, world_size: int, alpha: float, beta: float,
         """When ``e``'s communication is done in the replay, or None if not known yet."""
         if e.index in complete:
             return complete[e.index]
+        if e.open or any(m.open for m in instance_of.get(e.index, ())):
+            return None                     # stuck when the trace was read: it never completes
         if e.kind == "collective" and e.index in instance_of:
             members = instance_of[e.index]
             if all(m.index in new_start for m in members):
@@ -122,30 +127,44 @@ def replay(trace: Any, world_size: int, alpha: float, beta: float,
                 position[r] += 1
                 progress = True
     stuck = [lane[position[r]] for r, lane in lanes.items() if position[r] < len(lane)]
-    if stuck:
+    hung = bool(getattr(trace, "hung", False))
+    if stuck and not hung:
         raise ConfigError(f"ddplab: tr.replay cannot order this trace: rank {stuck[0].rank}'s "
                           f"{stuck[0].op} waits for an op no rank reaches (a trace cut short by a "
                           f"hang?). Replay a trace that ran to its end.")
+    for e in stuck:          # a hang stays a hang: stuck as long as it was when the trace was read
+        new_end[e.index] = new_start[e.index] + e.duration
+    open_now = {e.index for e in stuck}
+    events = [e for e in events if e.index in new_end]     # a hung trace: what its ranks reached
     for e in events:                                  # async ops never waited on
         over(e)
-    waited = {e.index: max(0.0, max(new_start[m.index] for m in instance_of[e.index]) - new_start[e.index])
-              for e in events if e.blocking and e.index in instance_of}
+    waited = {e.index: max(0.0, max(new_start.get(m.index, new_start[e.index]) for m in instance_of[e.index])
+                           - new_start[e.index])
+              for e in events if e.blocking and e.index in instance_of and e.index not in open_now}
     for e in events:
+        if e.index in open_now:
+            continue
         if e.kind == "wait" or (e.blocking and e.kind == "p2p" and e.match is not None):
-            partner = new_start[events[e.match].index] if e.kind == "p2p" else new_end[e.index]
+            partner = new_start[e.match] if e.kind == "p2p" else new_end[e.index]
             waited[e.index] = min(max(0.0, partner - new_start[e.index]),
                                   new_end[e.index] - new_start[e.index])
-    return (_moved(events, new_start, new_end, complete, waited),
-            _moved_compute(trace.compute, lanes, new_start),
-            f"replayed at {world_size} ranks, alpha={alpha:.3g} s, beta={beta:.3g} s/B")
+    how = f"replayed at {world_size} ranks, alpha={alpha:.3g} s, beta={beta:.3g} s/B"
+    if hung:
+        how += ", up to the hang it was recorded in (the stuck calls never complete)"
+    return (_moved(events, new_start, new_end, complete, waited, open_now),
+            _moved_compute(trace.compute, lanes, new_start), how)
 
 
-def _moved(events: list[Event], start: dict, end: dict, complete: dict, waited: dict) -> list[Event]:
+def _moved(events: list[Event], start: dict, end: dict, complete: dict, waited: dict,
+           stuck: set) -> list[Event]:
     out = []
     for e in events:
         row = {name: getattr(e, name) for name in Event.__dataclass_fields__}
-        row.update(start=start[e.index], end=end[e.index], waited=waited.get(e.index, 0.0))
-        if not e.blocking and e.kind in ("collective", "p2p"):
+        row.update(start=start[e.index], end=end[e.index], waited=waited.get(e.index, 0.0),
+                   open=e.index in stuck)
+        if e.index in stuck:
+            row["done"] = None
+        elif not e.blocking and e.kind in ("collective", "p2p"):
             row["done"] = complete.get(e.index, end[e.index])
         out.append(event(e.index, row))
     return out
@@ -156,6 +175,8 @@ def _moved_compute(compute: list[Event], lanes: dict, start: dict) -> list[Event
     out = []
     for c in compute:
         before = [e for e in lanes.get(c.rank, []) if e.start <= c.start]
+        if before and before[-1].index not in start:
+            continue                                  # after a hang, past where the rank got
         shift = start[before[-1].index] - before[-1].start if before else 0.0
         row = {name: getattr(c, name) for name in Event.__dataclass_fields__}
         row.update(start=c.start + shift, end=c.end + shift)
