@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddplab.plan import Config, memory, parallelize, parse, schedule
+from ddplab.plan import Config, memory, parallelize, parse, pipeline_schedule as schedule
 
 LLAMA = Config("m", "llama", layers=8, d_model=256, head_dim=64, kv_heads=2, ffn=512, vocab=1000, seq=64,
                batch=2, precision="bf16-mixed", optimizer="adamw")

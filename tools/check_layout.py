@@ -95,6 +95,7 @@ NOTEBOOK_IMPORTS = {
     "ddplab.plan.models": "notebook 15: a plan's steps, imported by name (the planner's)",
     "ddplab.plan.memory": "notebook 15: a plan's steps, imported by name (the planner's)",
     "ddplab.plan.compute": "notebook 15: a plan's steps, imported by name (the planner's)",
+    "ddplab.plan.flops": "notebook 15: a plan's steps, imported by name (the planner's)",
     "ddplab.check.nb10_checkpoints_and_failures": "notebook 10's reference save and load, its "
         "checker's own (moving references off the student's path is issue 59 item 6, not done)",
 }

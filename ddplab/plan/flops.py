@@ -135,7 +135,7 @@ def _stage(config: Any, pp: int, virtual: int, rank: int) -> dict[str, Any]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from . import recompute, schedule
+    from . import pipeline_schedule as schedule, recompute
     from .modules import build, loss
 
     blocks = len(schedule.layers_of(config.layers, pp, virtual, rank)) if pp > 1 else config.layers

@@ -31,7 +31,7 @@ Where torch cannot do it, the number says what it comes from (``source``):
   the head and the loss) is traced on one micro-batch (under fsdp two: one without
   gradient sync, as torch's ``PipelineStage`` runs all but the last, its weights whole
   and its unsharded gradients accumulating, then the last); a rank keeps the activations
-  of several micro-batches alive (``ddplab.plan.schedule.in_flight``), so its
+  of several micro-batches alive (``ddplab.plan.pipeline_schedule.in_flight``), so its
   activations are the traced ones times that; the row is the rank with the bigger peak.
 """
 
@@ -40,7 +40,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from . import recompute, schedule
+from . import pipeline_schedule as schedule, recompute
 from .models import Config
 from .modules import build, loss, stage
 from .parallelize import fully_shard_all, optimizer, tensor_parallel

@@ -20,7 +20,7 @@ then split into what hides behind compute and what is *exposed*:
 - zero2: as fsdp, without backward's all_gather (the weights stayed whole);
 - pp: 1F1B on M micro-batches idles each rank for (P-1) micro-batch times, the
   bubble ``(P-1)/M × compute``, interleaved over V stages per rank ``(P-1)/(V·M)``
-  (``ddplab.plan.schedule``); of its sends, the first and last are exposed.
+  (``ddplab.plan.pipeline_schedule``); of its sends, the first and last are exposed.
 
 Simplifications, said once: no congestion (every group has its links to
 itself), no per-kernel timing, overlap as perfect as the rules above say.
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from .compute import Device
 from .models import Config
 from .network import Network, torch_guess
+from .pipeline_schedule import bubble
 from .precision import RECIPES
-from .schedule import bubble
 from .strategies import Strategy
 
 __all__ = ["Step", "collectives", "step"]

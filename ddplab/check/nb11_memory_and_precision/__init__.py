@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .clipping import *  # noqa: F401,F403
 from .clipping import __all__ as _clipping
-from .precision import *  # noqa: F401,F403
-from .precision import __all__ as _precision
+from .precision_checks import *  # noqa: F401,F403
+from .precision_checks import __all__ as _precision
 
 __all__ = sorted([*_precision, *_clipping])
