@@ -88,7 +88,6 @@ TWINS = {
               "which notebook 15 imports (the planner's to rename, with ddplab.plan's steps)",
     "report": "grade/report.py and plan/report.py, each the last step of its package's pipeline "
               "(the grading's and the planner's owners decide)",
-    "plan": "grade/plan.py is grading's (renamed with grade/'s steps); plan/ the teaching package",
 }
 #: Rule 11: the notebook imports of deeper modules that other work moves, and why each stands.
 NOTEBOOK_IMPORTS = {
