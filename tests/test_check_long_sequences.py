@@ -17,7 +17,7 @@ import torch.distributed as dist
 from conftest import fails
 
 from ddplab import attention
-from ddplab.check.nb14_long_sequences_and_experts import attention as check, experts as moe_check
+from ddplab.check.nb14_long_sequences_and_experts import attention_checks as check, experts as moe_check
 
 pytestmark = pytest.mark.slow
 
