@@ -5,7 +5,7 @@
 torch 2.13's counter has formulas for matmuls, convolutions and the GPU attention
 kernels, but not for the op ``scaled_dot_product_attention`` runs on a CPU,
 ``aten._scaled_dot_product_flash_attention_for_cpu`` (and its backward): it would
-count them as 0, a quarter of an 8B model's step at 8K tokens. ``register()`` adds
+count them as 0, about an eighth of an 8B model's step at 8K tokens (causal). ``register()`` adds
 formulas for both with torch's registration API (``register_flop_formula``):
 
 - forward: Q·Kᵀ and P·V, 2 FLOPs per multiply-add over the (query, key) pairs that
