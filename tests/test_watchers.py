@@ -155,7 +155,7 @@ def test_a_notebook_lab_runs_the_front_and_the_stall_watch_and_an_attached_one_n
     capsys.readouterr()
     fresh_lab.run(report_progress)
     assert "Live progress, one bar per rank" in capsys.readouterr().out   # the front's bars
-    mine = attached.attach(fresh_lab.directory, 60)
+    mine = attached.lab_at(fresh_lab.directory, 60)
     try:
         assert mine.calls.watchers == ()
         assert mine.run(report_progress) == [1, 1]
