@@ -18,6 +18,7 @@ import nbformat
 import psutil
 import pytest
 from browserkit import require_chromium
+from kernelkit import ok
 from leakcheck import lab_dirs, my_process_tree  # noqa: F401  tests import them from here
 from realhosts import *  # noqa: F401,F403  the realhosts tier's daemons (tests/realhosts.py)
 
@@ -98,8 +99,9 @@ def fresh_lab(lab):
 @pytest.fixture(scope="module")
 def lab_kernel():
     """A Jupyter kernel started with jupyter_client, ``lab`` a running 2-rank gloo lab in it:
-    what tests/test_debugger.py and tests/test_live_output.py drive as a front end would (one
-    definition for both; each module's fixture restarts the lab if it is broken).
+    what tests/test_debugger_*.py and tests/test_live_output.py drive as a front end would (one
+    definition for all; ``k`` below, and test_live_output's own fixture, restart the lab if it
+    is broken).
     ``client.interrupt`` is Kernel > Interrupt.
 
     Per module, not per session: a kernel listens on 127.0.0.1 (Jupyter's ZMQ channels), and
@@ -124,6 +126,14 @@ def lab_kernel():
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def k(lab_kernel):
+    """The module's kernel (``lab_kernel``), its lab usable (an earlier test may have left it to
+    restart): what tests/test_debugger_*.py run their cells on (tests/kernelkit.py)."""
+    ok(lab_kernel, "if not lab.healthy: lab.restart()")
+    return lab_kernel
 
 
 def side_lab(world_size: int = 2, *, timeout: float = 60, grace: float = 2.0,
