@@ -87,13 +87,19 @@ def lab():
         yield lab
 
 
-@pytest.fixture
-def fresh_lab(lab):
-    """The session lab, guaranteed usable: restarted if an earlier test broke it."""
+def _usable_and_current(lab):
+    """``lab``, restarted if an earlier test broke it, and made current (checkers and
+    ``ddplab.show`` find it): what ``fresh_lab`` and ``fresh_lab4`` give a test."""
     if not lab.healthy:
         lab.restart()
     ddplab.lab.current_lab.make_current(lab)
     return lab
+
+
+@pytest.fixture
+def fresh_lab(lab):
+    """The session lab, guaranteed usable: restarted if an earlier test broke it."""
+    return _usable_and_current(lab)
 
 
 @pytest.fixture(scope="module")
@@ -158,10 +164,7 @@ def lab4():
 @pytest.fixture
 def fresh_lab4(lab4):
     """The 4-rank lab, usable and current, so checkers and ddplab.show find it."""
-    if not lab4.healthy:
-        lab4.restart()
-    ddplab.lab.current_lab.make_current(lab4)
-    return lab4
+    return _usable_and_current(lab4)
 
 
 def alive(pid: int) -> bool:
