@@ -1,6 +1,6 @@
 """Driving JupyterLab in Debian's Chromium: what the browser tests share.
 
-``tests/test_browser.py`` (one JupyterLab server) and ``tests/test_hub.py`` (three
+``tests/test_browser_*.py`` (JupyterLab servers of their own) and ``tests/test_hub.py`` (three
 students on a real JupyterHub) open notebooks through Playwright in Debian's
 headless Chromium at /usr/bin/chromium, never a browser Playwright downloads,
 run every cell from the menus and read the page: JupyterLab's own model of each

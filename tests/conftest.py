@@ -18,6 +18,7 @@ import nbformat
 import psutil
 import pytest
 from browserkit import require_chromium
+from kernelkit import ok
 from leakcheck import lab_dirs, my_process_tree  # noqa: F401  tests import them from here
 from realhosts import *  # noqa: F401,F403  the realhosts tier's daemons (tests/realhosts.py)
 
@@ -86,20 +87,27 @@ def lab():
         yield lab
 
 
-@pytest.fixture
-def fresh_lab(lab):
-    """The session lab, guaranteed usable: restarted if an earlier test broke it."""
+def _usable_and_current(lab):
+    """``lab``, restarted if an earlier test broke it, and made current (checkers and
+    ``ddplab.show`` find it): what ``fresh_lab`` and ``fresh_lab4`` give a test."""
     if not lab.healthy:
         lab.restart()
     ddplab.lab.current_lab.make_current(lab)
     return lab
 
 
+@pytest.fixture
+def fresh_lab(lab):
+    """The session lab, guaranteed usable: restarted if an earlier test broke it."""
+    return _usable_and_current(lab)
+
+
 @pytest.fixture(scope="module")
 def lab_kernel():
     """A Jupyter kernel started with jupyter_client, ``lab`` a running 2-rank gloo lab in it:
-    what tests/test_debugger.py and tests/test_live_output.py drive as a front end would (one
-    definition for both; each module's fixture restarts the lab if it is broken).
+    what tests/test_debugger_*.py and tests/test_live_output.py drive as a front end would (one
+    definition for all; ``k`` below, and test_live_output's own fixture, restart the lab if it
+    is broken).
     ``client.interrupt`` is Kernel > Interrupt.
 
     Per module, not per session: a kernel listens on 127.0.0.1 (Jupyter's ZMQ channels), and
@@ -126,6 +134,14 @@ def lab_kernel():
         manager.shutdown_kernel(now=True)
 
 
+@pytest.fixture
+def k(lab_kernel):
+    """The module's kernel (``lab_kernel``), its lab usable (an earlier test may have left it to
+    restart): what tests/test_debugger_*.py run their cells on (tests/kernelkit.py)."""
+    ok(lab_kernel, "if not lab.healthy: lab.restart()")
+    return lab_kernel
+
+
 def side_lab(world_size: int = 2, *, timeout: float = 60, grace: float = 2.0,
              pg_timeout: float = 1800, init_method: str | None = "store", start: bool = True):
     """A local CPU (gloo) lab beside the session's labs: ``ddplab.start`` would replace the
@@ -148,10 +164,7 @@ def lab4():
 @pytest.fixture
 def fresh_lab4(lab4):
     """The 4-rank lab, usable and current, so checkers and ddplab.show find it."""
-    if not lab4.healthy:
-        lab4.restart()
-    ddplab.lab.current_lab.make_current(lab4)
-    return lab4
+    return _usable_and_current(lab4)
 
 
 def alive(pid: int) -> bool:

@@ -33,6 +33,9 @@ from ddplab import procs
 
 __all__ = ["ssh_hosts", "slurm", "SSHHosts", "Slurm", "need_root", "ssh_network"]
 
+#: How ``start(engines="mpi")`` runs as root: Open MPI refuses root unless asked by name.
+MPI_ROOT = {"MPIEngineSetLauncher": {"mpi_args": ["--allow-run-as-root"]}}
+
 _DAEMONS = {"/usr/sbin/sshd": "openssh-server", "/usr/sbin/slurmctld": "slurm-wlm",
             "/usr/sbin/slurmd": "slurm-wlm", "/usr/sbin/munged": "munge"}
 
@@ -47,6 +50,16 @@ def need_root(*paths: str) -> None:
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: run `bash tools/ensure_hosts.sh` as root "
                     f"(make test does)", pytrace=False)
+
+
+def gone_within(what, seconds: float) -> list:
+    """Wait until ``what()`` is empty; what is left then."""
+    deadline = time.monotonic() + seconds
+    left = what()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = what()
+    return left
 
 
 def _ip(*args: str) -> None:
@@ -159,7 +172,7 @@ def ssh_network():
 
 
 # Module scope: the daemons (slurmctld and slurmd listen on every interface of this
-# machine) end with tests/test_realhosts.py, before tests that check what listens.
+# machine) end with each tests/test_realhosts_*.py module, before tests that check what listens.
 @pytest.fixture(scope="module")
 def ssh_hosts():
     need_root("/usr/sbin/sshd", "ssh", "ssh-keygen", "ip")

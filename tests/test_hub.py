@@ -9,7 +9,7 @@ of their own, as themselves, in a cgroup of their own with a 1.5 GiB memory limi
 CPU, from a shared environment every user may read (shared_env), on the student workspace.
 
 Then, at the same time, each runs all of notebook 00 from the menus, as in
-tests/test_browser.py, and each page must show every cell run without an error and with the
+tests/test_browser_notebooks.py, and each page must show every cell run without an error and with the
 committed output. One more cell per student starts a lab that stays up, and reports what
 ddplab sees from inside: the cgroup's limits (the same in the kernel and on the ranks), a
 private network for the ranks, an owner-only lab directory. While the three labs run, every

@@ -36,7 +36,8 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     """A checkout under ``tmp_path``; an empty ``ddplab/__init__.py`` lists every top-level module
     as a teaching module, so a test of another rule sees only that rule's breaches."""
     if files.get("ddplab/__init__.py") == "":
-        top = [Path(n).stem for n in files if n.count("/") == 1 and n.endswith(".py")]
+        top = [Path(n).stem for n in files
+               if n.startswith("ddplab/") and n.count("/") == 1 and n.endswith(".py")]
         files = {**files, "ddplab/__init__.py": '"""Teaching modules: '
                  + ", ".join(f"``{name}``" for name in top if name != "__init__") + '."""\n'}
     for name, text in files.items():
@@ -161,6 +162,20 @@ def test_no_module_is_over_the_size_cap(check_layout, tmp_path):
     })
     assert check_layout.problems(root) == [
         f"ddplab/lab/long.py: {cap + 1} lines, over the cap of {cap}: split it by what it does"]
+
+
+def test_no_test_file_is_over_the_size_cap(check_layout, tmp_path):
+    cap = check_layout.MAX_LINES
+    root = _tree(tmp_path, {
+        "ddplab/__init__.py": "",
+        "ddplab/procs.py": "",
+        "tests/test_at_cap.py": "x = 1\n" * cap,
+        "tests/test_long.py": "x = 1\n" * (cap + 1),
+        "tests/kit/helpers.py": "x = 1\n" * (cap + 2),      # a helper module, in a folder
+    })
+    assert check_layout.problems(root) == [
+        f"tests/kit/helpers.py: {cap + 2} lines, over the cap of {cap}: split it by what it does",
+        f"tests/test_long.py: {cap + 1} lines, over the cap of {cap}: split it by what it does"]
 
 
 def test_only_procs_runs_commands_with_subprocess(check_layout, tmp_path):

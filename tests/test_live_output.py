@@ -34,7 +34,7 @@ def execute(client, code, limit=120):
 
 @pytest.fixture
 def kernel(lab_kernel):
-    """The session's kernel (tests/conftest.py), its lab usable (tests/test_debugger.py's tests
+    """The session's kernel (tests/conftest.py), its lab usable (tests/test_debugger_*.py's tests
     may have left it to restart)."""
     execute(lab_kernel, "if not lab.healthy: lab.restart()")
     return lab_kernel

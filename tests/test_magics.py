@@ -72,7 +72,7 @@ def test_bad_magic_options_name_the_fix(shell, fresh_lab):
 def test_pdb_with_no_one_to_answer_continues_and_says_so(shell, fresh_lab, capsys):
     # pytest's captured stdin refuses input(), as nbval's kernel refuses an input_request:
     # the rank must not wait for an answer that never comes. (Prompts answered through a
-    # real kernel: tests/test_debugger.py.)
+    # real kernel: tests/test_debugger_pdb.py.)
     assert cell_error(shell, "%%rank 1 --pdb\na = 41\nprint(a + 1)") is None
     out = capsys.readouterr().out
     assert "rank 1 stopped in the debugger, but this front end cannot answer a prompt" in out

@@ -29,8 +29,9 @@
    (``INFRASTRUCTURE``) and ``procs`` where it is a module. A new top-level
    module is listed there, or lives in the package that uses it. A listed
    name may be a package (``ddplab/plan/``: a teaching module in steps).
-8. No ddplab module is longer than ``MAX_LINES`` (450) lines: split it by what
-   it does.
+8. No ddplab module, and no file under ``tests/``, is longer than ``MAX_LINES``
+   (450) lines: split it by what it does (a test module by what its tests are
+   about, with what the parts share in a helper module beside them).
 9. Only ``ddplab.procs`` runs a command to its end with ``subprocess``
    (``run``, ``call``, ``check_call``, ``check_output``, ``getoutput``,
    ``getstatusoutput``): everything else in ddplab calls ``procs.run_command``.
@@ -101,6 +102,7 @@ NOTEBOOK_IMPORTS = {
 NOTEBOOKS = "notebooks"
 TEACHING = "Teaching modules"    # the paragraph of ddplab/__init__'s docstring that lists them
 MAX_LINES = 450                  # rule 8
+TESTS = "tests"                  # rule 8 holds there too
 RUNNERS = {"run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"}  # rule 9
 CHECKERS, NOTEBOOK_PREFIX = "check", "nb"                                    # rule 10
 
@@ -459,7 +461,11 @@ def problems(root: Path = ROOT) -> list[str]:
                     f"engine and never imports the kernel-side {KERNEL_PACKAGE}"
                     for target, line in sorted(module.imports.items(), key=lambda t: t[1])
                     if within(target, KERNEL_PACKAGE)]
-    for folder in (PACKAGE, "tests", "tools", "benchmarks"):
+    for path in sorted((root / TESTS).rglob("*.py")):
+        long = too_long(path)
+        if long:
+            out.append(f"{path.relative_to(root)}: {long}")
+    for folder in (PACKAGE, TESTS, "tools", "benchmarks"):
         for path in sorted((root / folder).rglob("*.py")):
             if folder == PACKAGE and within(module_name(path, root), PROCESS_MODULE):
                 continue

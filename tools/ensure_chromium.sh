@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make sure Debian's Chromium is at /usr/bin/chromium for tests/test_browser.py.
+# Make sure Debian's Chromium is at /usr/bin/chromium for tests/test_browser_*.py.
 #
 # `make test` runs this before pytest. When the browser is missing and we are
 # root on a Debian-like machine (CI), it installs the `chromium` package with

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make sure the real daemons of tests/test_realhosts.py are here: Debian's sshd, Slurm (with
+# Make sure the real daemons of tests/test_realhosts_*.py are here: Debian's sshd, Slurm (with
 # munge) and Open MPI, and mpi4py for the venv's Python.
 #
 # `make test` runs this before pytest, as it runs ensure_chromium.sh. When something is

@@ -26,7 +26,9 @@ when the ``notebook`` package is installed, and Notebook 7 is made of JupyterLab
 (the same cells, output areas, menus and kernel messages), so browserkit's selectors and
 checks hold there unchanged. The one difference the test needs: Notebook 7 is another server
 extension, with its own ``expose_app_in_browser`` setting. One server serves the whole module;
-after each test the kernels it started are shut down, so no lab outlives its test.
+after each test the kernels it started are shut down, so no lab outlives its test. The server
+is started and ended by tests/jupyterkit.py; JupyterLab as ``make lab`` starts it for a student:
+tests/test_browser_make_lab.py.
 
 The browser is Debian's ``chromium`` at /usr/bin/chromium, never one that
 Playwright downloads. ``make test`` installs it when missing
@@ -37,17 +39,12 @@ Chromium, the test skips and says why.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
-import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -63,107 +60,26 @@ from browserkit import (
     save_screenshots,
 )
 from conftest import lab_dirs, my_process_tree
-
-from ddplab import procs
+from jupyterkit import (
+    JUPYTER,
+    NOTEBOOK7,
+    OPEN_DEADLINE,
+    PAGES,
+    RUN_DEADLINE,
+    SERVER_DEADLINE,
+    Server,
+    api,
+    end_processes,
+    lab_env,
+    wait_for_server,
+)
 
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parent.parent
-JUPYTER = Path(sys.executable).parent / "jupyter"
 # The newest notebook that exercises the most: 01 has a deadlock demo, 00 is the fallback.
 NOTEBOOK = next(name for name in ("01_point_to_point.ipynb", "00_setup.ipynb")
                 if (ROOT / "notebooks" / name).exists())
-# Notebook 7's walk: notebook 00, the one every learner runs first (issue 44).
-NOTEBOOK7 = "00_setup.ipynb"
-# Where each front end opens a notebook, after the server's URL.
-PAGES = {"jupyterlab": "lab/tree", "notebook7": "notebooks"}
-# Generous: several labs share 2 cores, and 01 waits out a HangError's timeout on purpose.
-SERVER_DEADLINE = 120
-OPEN_DEADLINE = 180
-RUN_DEADLINE = 900
-
-
-def lab_env(home: Path) -> dict[str, str]:
-    """The environment for the server: every Jupyter setting and state dir in tmp, so a user's
-    own settings, workspaces and extensions cannot change what the test sees."""
-    dirs = {"HOME": "home", "JUPYTER_CONFIG_DIR": "config", "JUPYTER_DATA_DIR": "data",
-            "JUPYTER_RUNTIME_DIR": "runtime", "IPYTHONDIR": "ipython",
-            "JUPYTERLAB_SETTINGS_DIR": "lab-settings", "JUPYTERLAB_WORKSPACES_DIR": "lab-workspaces"}
-    env = {k: v for k, v in os.environ.items() if k not in ("JUPYTER_PATH", "JUPYTER_TOKEN")}
-    for name, sub in dirs.items():
-        (home / sub).mkdir(parents=True, exist_ok=True)
-        env[name] = str(home / sub)
-    # JupyterLab 4 asks in a pop-up whether to fetch news from the internet; answer "never".
-    notification = home / "lab-settings" / "@jupyterlab" / "apputils-extension"
-    notification.mkdir(parents=True)
-    (notification / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    return env
-
-
-def wait_for_server(proc: subprocess.Popen, runtime: Path, token: str, log: Path) -> str:
-    """The server's base URL, once its /api/status answers. Jupyter may move to another port
-    when ours was taken meanwhile, so the port comes from the file it writes on start."""
-    deadline = time.monotonic() + SERVER_DEADLINE
-    info_file = runtime / f"jpserver-{proc.pid}.json"
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"ddplab: JupyterLab exited with code {proc.returncode} before it "
-                                 f"answered. Its log:\n{log.read_text()[-3000:]}")
-        if info_file.exists():
-            try:
-                url = f"http://127.0.0.1:{json.loads(info_file.read_text())['port']}"
-                request = urllib.request.Request(f"{url}/api/status",
-                                                 headers={"Authorization": f"token {token}"})
-                with urllib.request.urlopen(request, timeout=10) as response:
-                    if response.status == 200:
-                        return url
-            except (OSError, ValueError, KeyError, urllib.error.URLError):
-                pass                                   # written but not serving yet
-        time.sleep(0.25)                               # polling a condition, with a deadline
-    raise AssertionError(f"ddplab: JupyterLab did not answer /api/status within {SERVER_DEADLINE} s. "
-                         f"Its log:\n{log.read_text()[-3000:]}")
-
-
-def end_processes(proc: subprocess.Popen, started: set[int]) -> None:
-    """End the server, the kernel it started and the kernel's ranks. Only processes this test
-    started: the server's session and tree, and what appeared in this process's tree since
-    ``started``.
-
-    First the server alone gets SIGTERM, as from Ctrl-C in its terminal: jupyter shuts its
-    kernels down, and each kernel's exit stops its lab. Then whatever is left gets ddplab.procs'
-    policy (SIGTERM, then SIGKILL). Signalling everything at once would end a lab's controller
-    beside its kernel, so neither would remove the lab's directory.
-    """
-    family = procs.Tree([proc], sessions=True)
-    family.note()
-    for pid in my_process_tree() - started:
-        family.add(pid)
-    procs.send(proc, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass                                        # the policy below ends it
-    alive = family.end(grace=30)
-    proc.wait()
-    assert not alive, f"ddplab: processes the browser test started survived a kill: {alive}"
-
-
-@dataclass(frozen=True)
-class Server:
-    """A running Jupyter server: where it answers, its token and the folder it serves."""
-    url: str
-    token: str
-    workspace: Path
-
-
-def api(server: Server, path: str, method: str = "GET"):
-    """One call to the server's REST API (``path`` after the base URL); its JSON answer, if any."""
-    request = urllib.request.Request(f"{server.url}/{path}", method=method,
-                                     headers={"Authorization": f"token {server.token}"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        body = response.read()
-    return json.loads(body) if body else None
 
 
 @pytest.fixture(scope="module")
@@ -457,95 +373,3 @@ def test_a_wrong_answer_shows_its_feedback_and_the_fix_its_pass_line(chromium, j
             save_screenshots(page, tmp_path, record_property, capsys, name="loop-fixed")
         finally:
             browser.close()
-
-
-
-# What a student's JupyterLab must not show (issue 57): nbgrader's plugins (its menu, the
-# Validate button, the Create Assignment panel...) and the announcements' news question.
-STUDENT_HIDDEN = ("@jupyter/nbgrader:assignment-list", "@jupyter/nbgrader:course-list",
-                  "@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:formgrader",
-                  "@jupyter/nbgrader:menu", "@jupyter/nbgrader:validate-assignment",
-                  "@jupyterlab/apputils-extension:announcements")
-STUDENT_PAGE_JS = """name => {
-  const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === name);
-  return {
-    plugins: window.jupyterapp.listPlugins(),
-    installed: JSON.parse(document.getElementById('jupyter-config-data').textContent)
-                   .federated_extensions.map(e => e.name),
-    toolbar: Array.from(panel.toolbar.node.querySelectorAll('button, .jp-ToolbarButtonComponent-label'))
-                  .map(n => (n.textContent || '') + ' ' + (n.title || '')).join(' | '),
-    sides: ['left', 'right'].flatMap(area => Array.from(window.jupyterapp.shell.widgets(area))
-                  .map(w => `${w.title.label} ${w.title.caption} ${w.id}`)),
-    toasts: Array.from(document.querySelectorAll('.Toastify__toast')).map(n => n.textContent),
-  };
-}"""
-
-
-@pytest.mark.timeout(OPEN_DEADLINE + 2 * SERVER_DEADLINE + 120)
-def test_make_labs_jupyterlab_shows_a_student_notebook_without_nbgrader_or_news(chromium, tmp_path,
-                                                                                  record_property, capsys):
-    """JupyterLab as ``make lab`` starts it, on a workspace ``ddplab notebooks`` made: the
-    workspace's settings (``JUPYTER_CONFIG_PATH``, ddplab/course/lab_settings.py) hide
-    nbgrader, which this environment (make test's profile) has installed, and the news question.
-    Nothing here pre-answers the question: the settings where lab_env answers it are left out."""
-    from playwright.sync_api import sync_playwright
-
-    from ddplab.course.lab_settings import CONFIG_FOLDER
-
-    workspace = tmp_path / "workspace"
-    subprocess.run([sys.executable, "-m", "ddplab", "notebooks", str(workspace)], check=True,
-                   capture_output=True, timeout=120)
-    env = lab_env(tmp_path / "jupyter")
-    env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp_path / "jupyter" / "student-settings")
-    env["JUPYTER_CONFIG_PATH"] = str(workspace / CONFIG_FOLDER)           # as the Makefile's lab
-    token = secrets.token_hex(24)
-    log = tmp_path / "jupyterlab.log"
-    command = [str(JUPYTER), "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0",
-               f"--IdentityProvider.token={token}", f"--notebook-dir={workspace}",
-               "--LabApp.expose_app_in_browser=True"] + (["--allow-root"] if os.getuid() == 0 else [])
-    started = my_process_tree()
-    with log.open("w") as out:
-        proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
-        server = Server(wait_for_server(proc, Path(env["JUPYTER_RUNTIME_DIR"]), token, log), token,
-                        workspace)
-        request = urllib.request.Request(f"{server.url}/formgrader",
-                                         headers={"Authorization": f"token {token}"})
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                formgrader = response.status
-        except urllib.error.HTTPError as e:
-            formgrader = e.code
-        assert formgrader == 404, f"nbgrader's formgrader page is served (HTTP {formgrader})"
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS,
-                                                 headless=True)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 900})
-                page.set_default_timeout(OPEN_DEADLINE * 1000)
-                page.goto(f"{server.url}/{PAGES['jupyterlab']}/{NOTEBOOK7}?token={token}")
-                page.wait_for_function(KERNEL_IDLE_JS, arg=NOTEBOOK7, timeout=OPEN_DEADLINE * 1000)
-                page.evaluate("() => window.jupyterapp.restored")
-                seen = page.evaluate(STUDENT_PAGE_JS, NOTEBOOK7)
-                try:
-                    assert "@jupyter/nbgrader" in seen["installed"], (
-                        f"nbgrader is not installed here, so this test shows nothing: run it in make "
-                        f"test's environment (the test profile). Installed: {seen['installed']}")
-                    shown = sorted(set(STUDENT_HIDDEN) & set(seen["plugins"]))
-                    assert not shown, f"a student's JupyterLab runs these plugins: {shown}"
-                    assert page.get_by_role("menuitem", name="Nbgrader").count() == 0
-                    assert "Validate" not in seen["toolbar"], seen["toolbar"]
-                    assert not [s for s in seen["sides"] if "assignment" in s.lower()], seen["sides"]
-                    assert not [t for t in seen["toasts"] if "news" in t.lower()], seen["toasts"]
-                    assert "Jupyter news" not in page.inner_text("body")
-                except BaseException:
-                    save_screenshots(page, tmp_path, record_property, capsys, failing=True, name="student")
-                    raise
-                save_screenshots(page, tmp_path, record_property, capsys, name="student")
-            finally:
-                browser.close()
-        for session in api(server, "api/sessions"):
-            api(server, f"api/sessions/{session['id']}", method="DELETE")
-    finally:
-        end_processes(proc, started)
