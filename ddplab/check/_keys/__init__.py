@@ -2,10 +2,12 @@
 
 A check that compares the student's number with its own (``predict_step``,
 ``fits_budget``, ``bubble_fraction``...) computes that number with a reference.
-Kept as a function of a checker module (``ddplab.check.at_scale._fits_right``),
-it was one import away for the student's cell and for code on the ranks: a
-submission could return the checker's own answer. Here each reference is a
-module of this package (``_keys/scale.py``), and:
+Kept as a function of a checker module (it was
+``ddplab.check.nb15_at_scale.predictions._fits_right``), it was one import away
+for the student's cell and for code on the ranks: a submission could return the
+checker's own answer. Here each reference is a module of this package: ``scale``
+(notebook 15's step time, budget, micro-batches and replay growth) and
+``pipelines`` (notebook 13's bubble fraction); and:
 
 - **No import reaches it.** ``import ddplab.check._keys.scale`` (or ``from ...
   import``, ``importlib.import_module``) raises ``ImportError`` naming the rule:

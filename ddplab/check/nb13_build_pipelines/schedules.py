@@ -19,13 +19,15 @@ every collective are refused during the student's call. The model's weights and
 the batches are drawn for each check from seeds no rank sees; each rank is sent
 only its stage's block, and the inputs only to stage 0, the targets only to the
 last (the others get zeros of their shapes): a stage learns what another holds
-only from the messages of the pipeline.
+only from the messages of the pipeline. ``bubble_fraction``'s own answer is the
+answer key ``pipelines`` (``ddplab.check._keys``), loaded inside the check.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from .. import _keys
 from .._core import answers_of, checker, passed, run_on_ranks, run_student_code, student_raised
 from .._feedback import Feedback, Row
 from . import _stages
@@ -241,22 +243,11 @@ def one_f_one_b(fn: Callable, lab: Any = None) -> None:
 
 
 # ------------------------------------------------------------------ the bubble
-def _bubble(events: list) -> float:
-    """The share of p x (step's end - step's start) in which no rank's compute ran."""
-    ranks = {e.rank for e in events}
-    start, end = min(e.start for e in events), max(e.end for e in events)
-    return 1 - sum(e.end - e.start for e in events) / (len(ranks) * (end - start))
-
-
 def _per_rank_span(events: list) -> float:
     ranks = sorted({e.rank for e in events})
     spans = [max(e.end for e in events if e.rank == r) - min(e.start for e in events if e.rank == r)
              for r in ranks]
     return 1 - sum(e.end - e.start for e in events) / sum(spans)
-
-
-def _forward_only(events: list) -> float:
-    return _bubble([e for e in events if e.op != "backward"])
 
 
 def _timeline(p: int, m: int, f: float, b: float, order: str, t0: float = 0.25) -> list:
@@ -278,11 +269,12 @@ def bubble_fraction(fn: Callable, lab: Any = None) -> None:
              (3, 2, 0.02, 0.05, "gpipe")]
     timelines = [_timeline(*case) for case in cases]
     answers = answers_of(fn, [(events,) for events in timelines], lab)
+    bubble = _keys.load("pipelines").bubble
     for (p, m, _, _, order), events, answer in zip(cases, timelines, answers):
         what = f"bubble_fraction of a {order} step on {p} stages, {m} micro-batches"
         if answer[0] != "ok":
             raise student_raised(what, answer)
-        got, expected = answer[1], _bubble(events)
+        got, expected = answer[1], bubble(events)
         if not isinstance(got, (int, float)) or abs(got - expected) > 1e-9:
             why = ("it measured each rank from its own first to its own last compute: the time "
                    "a stage waits before its first forward and after its last backward is "
@@ -290,7 +282,8 @@ def bubble_fraction(fn: Callable, lab: Any = None) -> None:
                    "end, over all ranks)" if isinstance(got, float) and
                    abs(got - _per_rank_span(events)) < 1e-9 else
                    "it left out the backwards: a backward (op 'backward') is work too"
-                   if isinstance(got, float) and abs(got - _forward_only(events)) < 1e-9 else
+                   if isinstance(got, float) and
+                   abs(got - bubble([e for e in events if e.op != "backward"])) < 1e-9 else
                    "a fraction between 0 and 1 of the p x step time in which no compute ran")
             raise Feedback(f"{what} is wrong: got {got!r}.", hint=f"{why}.")
     passed(f"bubble_fraction measures the idle share of a step on {len(cases)} timelines "

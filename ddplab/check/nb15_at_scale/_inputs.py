@@ -1,15 +1,15 @@
 """The inputs the notebook-15 checks draw (``predictions``): machines, plans, pipelines
-and traces other than the notebook's, so that a number copied from the notebook fails."""
+and traces other than the notebook's, so that a number copied from the notebook fails. The
+traces' collectives are timed by the answer key's ring (``ddplab.check._keys``), loaded when
+``replay_calls`` draws them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["BUBBLES", "FITS", "STEPS", "fits_cases", "replay_calls", "ring"]
+from .. import _keys
 
-
-def ring(n: int, nbytes: float, alpha: float, beta: float) -> float:
-    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes * beta
+__all__ = ["BUBBLES", "FITS", "STEPS", "fits_cases", "replay_calls"]
 
 
 #: (flops, flop_rate, grad_bytes, world_size, alpha, beta): a CPU lab, an H100 node, 64 and 1024 ranks.
@@ -53,10 +53,11 @@ def fits_cases() -> list[tuple[list, float]]:
 BUBBLES = [(4, 360, 0.10), (4, 540, 0.10), (16, 720, 0.15), (8, 8, 0.10), (1, 8, 0.10), (2, 64, 0.05)]
 
 
-def _trace(slow: float, small: int, big: int) -> Any:
+def _trace(slow: float, small: int, big: int, ring: Callable[..., float]) -> Any:
     """Two ranks, three rounds of 20 ms of work, a blocking all_reduce of ``big`` bytes and an
     async one of ``small`` bytes waited on later, each ``slow`` times its α-β time at 2 ranks
-    under the first fit (a loaded machine records slower collectives than the fit says)."""
+    under the first fit (a loaded machine records slower collectives than the fit says);
+    ``ring``: the key's α-β time of an all_reduce."""
     from ddplab.trace import Trace
     from ddplab.trace.events import event
 
@@ -86,5 +87,6 @@ FITS = [{"alpha": 9e-5, "beta": 5e-10}, {"alpha": 8e-6, "beta": 2.5e-11}, {"alph
 
 def replay_calls() -> list[tuple[Any, int, dict]]:
     """(trace, world size, fit): recorded 1.5 to 3 times slower than the fit says."""
-    return [(_trace(2.5, 4096, 4 << 20), 8, FITS[0]), (_trace(1.5, 1024, 16 << 20), 64, FITS[1]),
-            (_trace(3.0, 64, 1 << 20), 16, FITS[2])]
+    ring = _keys.load("scale").ring
+    return [(_trace(2.5, 4096, 4 << 20, ring), 8, FITS[0]), (_trace(1.5, 1024, 16 << 20, ring), 64, FITS[1]),
+            (_trace(3.0, 64, 1 << 20, ring), 16, FITS[2])]

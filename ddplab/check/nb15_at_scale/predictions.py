@@ -13,7 +13,8 @@ when the student's differs, says which plausible mistake it matches: the
 (N-1)/N factor or the 2 of a ring all_reduce left out, the fastest strategy
 taken whether it fits or not, (p-1)/m for the bubble, a trace compared with its
 recording rather than its replay. It never prints the expected answer, nor a
-formula that is the answer. The inputs it draws: ``_inputs``.
+formula that is the answer. The inputs it draws: ``_inputs``; its own answers are
+the answer key ``scale`` (``ddplab.check._keys``), loaded inside each check.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import math
 import operator
 from typing import Any, Callable
 
+from .. import _keys
 from .._core import answers_of, checker, passed, student_raised
 from .._feedback import Feedback
-from ._inputs import BUBBLES, STEPS, fits_cases, replay_calls, ring
+from ._inputs import BUBBLES, STEPS, fits_cases, replay_calls
 
 __all__ = ["bubble_microbatches", "fits_budget", "predict_step", "replay_growth"]
 
@@ -77,33 +79,31 @@ def _close(a: Any, b: float, rel: float = 1e-9) -> bool:
 
 
 # ------------------------------------------------------------ a step by hand
-def _step(flops: float, rate: float, nbytes: float, n: int, alpha: float, beta: float) -> float:
-    return flops / rate + ring(n, nbytes, alpha, beta)
-
-
-_STEP_MISTAKES: list[tuple[str, Callable[..., float]]] = [
-    ("the compute is missing: a step is flops / flop_rate of compute and then the all_reduce "
-     "(on these CPU ranks nothing hides behind compute)",
-     lambda f, r, s, n, a, b: ring(n, s, a, b)),
-    ("the communication is missing: the gradients' all_reduce takes time too",
-     lambda f, r, s, n, a, b: f / r),
-    ("the (N-1)/N factor is missing from the bytes: in a ring each rank sends 2(N-1) pieces of "
-     "S/N bytes, not 2 whole tensors",
-     lambda f, r, s, n, a, b: f / r + 2 * (n - 1) * a + 2 * s * b),
-    ("the bytes term counts whole tensors: 2(N-1) steps of S/N bytes each is 2(N-1)/N x S, "
-     "not 2(N-1) x S",
-     lambda f, r, s, n, a, b: f / r + 2 * (n - 1) * (a + s * b)),
-    ("the 2 is missing: a ring all_reduce is a reduce-scatter then an all-gather, each "
-     "(N-1) steps; you timed only one of them",
-     lambda f, r, s, n, a, b: f / r + (n - 1) * a + (n - 1) / n * s * b),
-    ("the latency is missing: each of the 2(N-1) steps costs α besides its bytes",
-     lambda f, r, s, n, a, b: f / r + 2 * (n - 1) / n * s * b),
-    ("α is counted once, not once per step: the ring takes 2(N-1) steps, each one message",
-     lambda f, r, s, n, a, b: f / r + a + 2 * (n - 1) / n * s * b),
-    ("the compute and the all_reduce overlap in your answer (the larger of the two): on ranks "
-     "whose collectives share the cores with the compute, add them",
-     lambda f, r, s, n, a, b: max(f / r, ring(n, s, a, b))),
-]
+def _step_mistakes(ring: Callable[..., float]) -> list[tuple[str, Callable[..., float]]]:
+    """The named mistakes of a step's time; ``ring``: the key's all_reduce time."""
+    return [
+        ("the compute is missing: a step is flops / flop_rate of compute and then the all_reduce "
+         "(on these CPU ranks nothing hides behind compute)",
+         lambda f, r, s, n, a, b: ring(n, s, a, b)),
+        ("the communication is missing: the gradients' all_reduce takes time too",
+         lambda f, r, s, n, a, b: f / r),
+        ("the (N-1)/N factor is missing from the bytes: in a ring each rank sends 2(N-1) pieces of "
+         "S/N bytes, not 2 whole tensors",
+         lambda f, r, s, n, a, b: f / r + 2 * (n - 1) * a + 2 * s * b),
+        ("the bytes term counts whole tensors: 2(N-1) steps of S/N bytes each is 2(N-1)/N x S, "
+         "not 2(N-1) x S",
+         lambda f, r, s, n, a, b: f / r + 2 * (n - 1) * (a + s * b)),
+        ("the 2 is missing: a ring all_reduce is a reduce-scatter then an all-gather, each "
+         "(N-1) steps; you timed only one of them",
+         lambda f, r, s, n, a, b: f / r + (n - 1) * a + (n - 1) / n * s * b),
+        ("the latency is missing: each of the 2(N-1) steps costs α besides its bytes",
+         lambda f, r, s, n, a, b: f / r + 2 * (n - 1) / n * s * b),
+        ("α is counted once, not once per step: the ring takes 2(N-1) steps, each one message",
+         lambda f, r, s, n, a, b: f / r + a + 2 * (n - 1) / n * s * b),
+        ("the compute and the all_reduce overlap in your answer (the larger of the two): on ranks "
+         "whose collectives share the cores with the compute, add them",
+         lambda f, r, s, n, a, b: max(f / r, ring(n, s, a, b))),
+    ]
 
 
 def _without_planner(fn: Callable, *args: Any) -> Any:
@@ -130,11 +130,12 @@ def predict_step(fn: Callable, lab: Any = None) -> None:
     __tracebackhide__ = True
     _need(fn, "predict_step")
     answers = _answers(functools.partial(_without_planner, fn), "predict_step", STEPS)
+    scale = _keys.load("scale")
     wrong = [(args, got) for args, got in zip(STEPS, answers)
-             if not _close(got, _step(*args))]
+             if not _close(got, scale.step(*args))]
     if wrong:
         args, got = wrong[0]
-        why = _named(_STEP_MISTAKES, wrong, _close) or \
+        why = _named(_step_mistakes(scale.ring), wrong, _close) or \
             ("a step on these ranks is the compute (the FLOPs at the flop rate) and then one ring "
              "all_reduce of the gradients, timed by α-β, nothing hidden")
         raise Feedback(f"predict_step{_spell_args(args)} is wrong: got {got!r}.", hint=f"{why}.")
@@ -143,33 +144,26 @@ def predict_step(fn: Callable, lab: Any = None) -> None:
 
 
 # ------------------------------------------------------------ what fits
-def _fits_by(rows: list, budget: float, size: Callable[[Any], float]) -> str | None:
-    fitting = [r for r in rows if r.error is None and size(r) <= budget]
-    return max(fitting, key=lambda r: r.tokens_per_s).strategy if fitting else None
-
-
-def _fits_right(rows: list, budget: float) -> str | None:
-    return _fits_by(rows, budget, lambda r: r.peak)
-
-
-FITS_MISTAKES: list[tuple[str, Callable[[list, float], Any]]] = [
-    ("it is the fastest strategy, and it does not fit: keep only the rows whose peak is within "
-     "the budget, then take the fastest of those",
-     lambda rows, budget: max((r for r in rows if not r.error), key=lambda r: r.tokens_per_s).strategy),
-    ("its parameters, gradients, optimizer state and activations fit, but not its peak: "
-     "temporaries (gathered shards, the backward's buffers) come on top; compare row.peak",
-     lambda rows, budget: _fits_by(rows, budget, lambda r: sum(r.memory.values()))),
-    ("it is the smallest, not the fastest that fits: of the rows that fit, take the most "
-     "tokens per second",
-     lambda rows, budget: min((r for r in rows if not r.error), key=lambda r: r.peak).strategy),
-    ("it has the shortest step, but steps of different strategies train different batches "
-     "(tp and pp make fewer replicas): compare row.tokens_per_s",
-     lambda rows, budget: min((r for r in rows if not r.error and r.peak <= budget),
-                              key=lambda r: r.step.total).strategy),
-    ("that row has no numbers: its strategy cannot run at this size (row.error says why); "
-     "a row with an error fits nothing",
-     lambda rows, budget: next((r.strategy for r in rows if r.error), "")),
-]
+def _fits_mistakes(fits_by: Callable[..., str | None]) -> list[tuple[str, Callable[[list, float], Any]]]:
+    """The named mistakes of a budget's strategy; ``fits_by``: the key's, by any size."""
+    return [
+        ("it is the fastest strategy, and it does not fit: keep only the rows whose peak is within "
+         "the budget, then take the fastest of those",
+         lambda rows, budget: max((r for r in rows if not r.error), key=lambda r: r.tokens_per_s).strategy),
+        ("its parameters, gradients, optimizer state and activations fit, but not its peak: "
+         "temporaries (gathered shards, the backward's buffers) come on top; compare row.peak",
+         lambda rows, budget: fits_by(rows, budget, lambda r: sum(r.memory.values()))),
+        ("it is the smallest, not the fastest that fits: of the rows that fit, take the most "
+         "tokens per second",
+         lambda rows, budget: min((r for r in rows if not r.error), key=lambda r: r.peak).strategy),
+        ("it has the shortest step, but steps of different strategies train different batches "
+         "(tp and pp make fewer replicas): compare row.tokens_per_s",
+         lambda rows, budget: min((r for r in rows if not r.error and r.peak <= budget),
+                                  key=lambda r: r.step.total).strategy),
+        ("that row has no numbers: its strategy cannot run at this size (row.error says why); "
+         "a row with an error fits nothing",
+         lambda rows, budget: next((r.strategy for r in rows if r.error), "")),
+    ]
 
 
 @checker(needs_lab=False)
@@ -179,19 +173,22 @@ def fits_budget(fn: Callable, lab: Any = None) -> None:
     __tracebackhide__ = True
     _need(fn, "fits_budget")
     cases = fits_cases()
-    wrong = [((rows, budget), got) for (rows, budget), got in zip(cases, _answers(fn, "fits_budget", cases))
-             if got != _fits_right(rows, budget)]
+    answers = _answers(fn, "fits_budget", cases)
+    scale = _keys.load("scale")
+    mistakes = _fits_mistakes(scale.fits_by)
+    wrong = [((rows, budget), got) for (rows, budget), got in zip(cases, answers)
+             if got != scale.fits_right(rows, budget)]
     if wrong:
         same = operator.eq
-        none = [(args, got) for args, got in wrong if _fits_right(*args) is None]
+        none = [(args, got) for args, got in wrong if scale.fits_right(*args) is None]
         (rows, budget), got = (none or wrong)[0]
-        why = _named(FITS_MISTAKES, wrong, same, every=True)
+        why = _named(mistakes, wrong, same, every=True)
         if why is None and none:
             why = ("nothing fits this budget: return None" +
                    ("; a row with an error has no numbers (its peak is 0), it fits nothing"
                     if any(r.error and r.strategy == got for r in rows) else ""))
         elif why is None:
-            why = _named(FITS_MISTAKES, wrong, same) or \
+            why = _named(mistakes, wrong, same) or \
                 ("return the strategy name (row.strategy) of the row that fits (row.peak <= budget, "
                  "no row.error) with the most row.tokens_per_s")
         else:
@@ -202,28 +199,18 @@ def fits_budget(fn: Callable, lab: Any = None) -> None:
 
 
 # ------------------------------------------------------------ the bubble
-def _smallest(p: int, batch: int, target: float, bubble: Callable, under: bool = True,
-              divides: bool = True) -> int | None:
-    for m in range(1, batch + 1):
-        share = bubble(p, m)
-        if (share < target if under else share <= target) and (not divides or batch % m == 0):
-            return m
-    return None
-
-
-def _share(p: int, m: int) -> float:
-    return (p - 1) / (m + p - 1)
-
-
-_BUBBLE_MISTAKES: list[tuple[str, Callable[..., Any]]] = [
-    ("that brings the bubble over the *compute*, (p-1)/m, the planner's, under the target: the "
-     "share that counts is of the whole step, which is compute plus bubble",
-     lambda p, batch, t: _smallest(p, batch, t, lambda p, m: (p - 1) / m)),
-    ("that makes the bubble *at most* the target, not under it: at exactly the target keep going",
-     lambda p, batch, t: _smallest(p, batch, t, _share, under=False)),
-    ("the micro-batches must split the replica's batch evenly: m has to divide the batch",
-     lambda p, batch, t: next((m for m in range(1, 100 * batch) if _share(p, m) < t), None)),
-]
+def _bubble_mistakes(scale: Any) -> list[tuple[str, Callable[..., Any]]]:
+    """The named mistakes of the micro-batches; ``scale``: the key (``smallest``, ``share``)."""
+    smallest, share = scale.smallest, scale.share
+    return [
+        ("that brings the bubble over the *compute*, (p-1)/m, the planner's, under the target: the "
+         "share that counts is of the whole step, which is compute plus bubble",
+         lambda p, batch, t: smallest(p, batch, t, lambda p, m: (p - 1) / m)),
+        ("that makes the bubble *at most* the target, not under it: at exactly the target keep going",
+         lambda p, batch, t: smallest(p, batch, t, share, under=False)),
+        ("the micro-batches must split the replica's batch evenly: m has to divide the batch",
+         lambda p, batch, t: next((m for m in range(1, 100 * batch) if share(p, m) < t), None)),
+    ]
 
 
 @checker(needs_lab=False)
@@ -232,15 +219,17 @@ def bubble_microbatches(fn: Callable, lab: Any = None) -> None:
     the 1F1B bubble (p-1)/(m+p-1) smaller than ``target``; None if no m does."""
     __tracebackhide__ = True
     _need(fn, "bubble_microbatches")
-    for args, got in zip(BUBBLES, _answers(fn, "bubble_microbatches", BUBBLES)):
-        expected = _smallest(*args, _share)
+    answers = _answers(fn, "bubble_microbatches", BUBBLES)
+    scale = _keys.load("scale")
+    for args, got in zip(BUBBLES, answers):
+        expected = scale.smallest(*args, scale.share)
         if got == expected and (got is None or isinstance(got, int)):
             continue
         if expected is None:
             why = ("no m that divides this batch brings the bubble under the target: return None "
                    "(the fix at scale is a bigger batch per replica, or fewer stages)")
         else:
-            why = next((text for text, wrong in _BUBBLE_MISTAKES if wrong(*args) == got),
+            why = next((text for text, wrong in _bubble_mistakes(scale) if wrong(*args) == got),
                        "the fewest micro-batches that divide the batch and bring the bubble's "
                        "share of the whole step (idle over compute plus idle) under the target; "
                        "one stage has no bubble")
@@ -251,22 +240,6 @@ def bubble_microbatches(fn: Callable, lab: Any = None) -> None:
 
 
 # ------------------------------------------------------------ a replay
-def _per_op(tr: Any, ranks: tuple = (0,)) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for e in tr.events:
-        if e.rank in ranks:
-            out[e.op] = out.get(e.op, 0.0) + e.duration
-    return out
-
-
-def _growth(tr: Any, n: int, fit: dict, base: str = "replay", ranks: tuple = (0,)) -> dict[str, float]:
-    big = _per_op(tr.replay(world_size=n, **fit), ranks)
-    small = _per_op(tr if base == "recorded" else tr.replay(world_size=len(tr.ranks), **fit), ranks)
-    if base == "none":
-        small = dict.fromkeys(big, 0.0)
-    return {op: big[op] - small.get(op, 0.0) for op in big}
-
-
 def _same(got: Any, expected: dict[str, float]) -> bool:
     if not isinstance(got, dict) or not set(expected) <= set(got):
         return False
@@ -293,8 +266,10 @@ def replay_growth(fn: Callable, lab: Any = None) -> None:
     __tracebackhide__ = True
     _need(fn, "replay_growth")
     calls = replay_calls()
-    for (tr, n, fit), got in zip(calls, _answers(fn, "replay_growth", calls)):
-        expected = _growth(tr, n, fit)
+    answers = _answers(fn, "replay_growth", calls)
+    scale = _keys.load("scale")               # after the student's code ran: never in a frame it sees
+    for (tr, n, fit), got in zip(calls, answers):
+        expected = scale.growth(tr, n, fit)
         if _same(got, expected):
             continue
         what = f"replay_growth(<a 2-rank trace>, {n}, alpha={fit['alpha']:.3g}, beta={fit['beta']:.3g})"
@@ -305,8 +280,8 @@ def replay_growth(fn: Callable, lab: Any = None) -> None:
         missing = sorted(set(expected) - set(got))
         why = (f"ops of rank 0 missing from the dict: {', '.join(missing)}" if missing else
                next((text for base, text in _REPLAY_MISTAKES
-                     if _same(got, _growth(tr, n, fit, base="replay" if base == "both" else base,
-                                           ranks=(0, 1) if base == "both" else (0,)))),
+                     if _same(got, scale.growth(tr, n, fit, base="replay" if base == "both" else base,
+                                                ranks=(0, 1) if base == "both" else (0,)))),
                     "per op, how much longer rank 0's summed durations are in a replay at the new "
                     "size than in a replay at the trace's own size, with the same fit"))
         raise Feedback(f"{what} is wrong: got {got!r}.", hint=f"{why}.")
