@@ -4,6 +4,10 @@ A stand-in key (``standin.py``, a reference answer of one line) is written in a
 folder of the test's, which the package is pointed at; a stand-in checker is a
 function whose module is named ``ddplab.check.<something>``, as every checker's is.
 The student's side is a cell of IPython's shell, and a function run on a lab's ranks.
+Then the real keys (``scale``, notebook 15's; ``pipelines``, notebook 13's): the names
+they had in the checkers are gone, the keys reach neither a cell nor a rank, no checker
+keeps a copy, and each check passes its notebook's solution and words a mistake as it did
+before its reference moved.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import fails
 
+import ddplab.check
 from ddplab.check import _keys
 
 STANDIN = "def bubble(p, m):\n    return (p - 1) / (m + p - 1)\n"
@@ -188,3 +194,159 @@ def test_inside_the_sandbox_a_key_is_empty_and_only_the_worker_has_it(tmp_path, 
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["''", "['standin'] False None"], result.stdout
     assert key.read_text() == STANDIN                 # outside, the file is what it was
+
+
+
+# ------------------------------------------------ the real keys: notebook 15's and notebook 13's
+#: Where each reference lived before it became a key: (module, name, the key now).
+MOVED = [("ddplab.check.nb15_at_scale.predictions", name, "scale")
+         for name in ("_fits_right", "_fits_by", "_smallest", "_share", "_growth", "_per_op", "_step")] + \
+        [("ddplab.check.nb15_at_scale._inputs", "ring", "scale"),
+         ("ddplab.check.nb13_build_pipelines.schedules", "_bubble", "pipelines")]
+
+
+def _reach(module: str, name: str, key: str) -> list[str]:
+    """Three ways a cell or a rank reaches for a key: the old name, the key's import, ``load``."""
+    said = []
+    for attempt in (f"from {module} import {name}", f"import ddplab.check._keys.{key}",
+                    f"import ddplab.check._keys as k\nk.load({key!r})"):
+        try:
+            exec(attempt, {"__name__": "__main__"})
+            said.append(f"{attempt}: no error")
+        except ImportError as e:
+            said.append(str(e))
+    return said
+
+
+@pytest.mark.exercise("predict_step", "bypass")
+@pytest.mark.exercise("fits_budget", "bypass")
+@pytest.mark.exercise("bubble_microbatches", "bypass")
+@pytest.mark.exercise("replay_growth", "bypass")
+@pytest.mark.exercise("bubble_fraction", "bypass")
+@pytest.mark.parametrize("module, name, key", MOVED)
+def test_a_cell_reaches_no_reference_by_its_old_name_or_its_key(shell, module, name, key):
+    for line in (f"from {module} import {name}", f"import ddplab.check._keys.{key}",
+                 f"from ddplab.check._keys import {key}"):
+        result = shell.run_cell(line)
+        assert isinstance(result.error_in_exec, ImportError), (line, result.error_in_exec)
+    assert REFUSED in str(result.error_in_exec) and "importing it" in str(result.error_in_exec)
+    assert not hasattr(importlib.import_module(module), name)
+
+
+@pytest.mark.exercise("predict_step", "bypass")
+@pytest.mark.exercise("fits_budget", "bypass")
+@pytest.mark.exercise("bubble_microbatches", "bypass")
+@pytest.mark.exercise("replay_growth", "bypass")
+@pytest.mark.exercise("bubble_fraction", "bypass")
+def test_a_rank_reaches_no_reference_by_its_old_name_or_its_key(fresh_lab):
+    for module, name, key in MOVED:
+        for said in fresh_lab.run(_reach, module, name, key, timeout=60):
+            old, imported, loaded = said
+            assert f"cannot import name '{name}'" in old, said
+            assert REFUSED in imported and "importing it" in imported, said
+            assert REFUSED in loaded and "loading it on a rank" in loaded, said
+
+
+def _functions(code: types.CodeType, nested: bool = True) -> set[tuple]:
+    """The functions in compiled code (``nested``: theirs too, lambdas and generators), by what
+    they do: their bytecode and the names they use."""
+    found = set()
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found.add((const.co_code, const.co_names))
+            found |= _functions(const) if nested else set()
+    return found
+
+
+def test_no_checker_module_keeps_a_copy_of_a_key():
+    """A key's function copied back into a checker (under any name) would be importable again."""
+    root = Path(_keys.__file__).resolve().parent
+    assert {"pipelines", "scale"} <= set(_keys.names())
+    keys = {p.stem: _functions(compile(p.read_text(), str(p), "exec"), nested=False)
+            for p in root.glob("*.py") if p.name != "__init__.py"}
+    copies = []
+    for path in sorted(root.parent.rglob("*.py")):
+        if path.parent != root:
+            code = _functions(compile(path.read_text(), str(path), "exec"))
+            copies += [f"{path.relative_to(root.parent)} has key {k}'s code" for k, key in keys.items()
+                       if key & code]
+    assert copies == []
+
+
+def _notebook_solution(notebook: str, check: str):
+    """The reference notebook's own solution of ``check`` (its exercise cell, run)."""
+    import nbformat
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / notebook
+    cell = next(c for c in nbformat.read(path, as_version=4).cells
+                if c.get("id") == "exercise-" + check.replace("_", "-"))
+    space: dict = {}
+    exec(cell.source, space)
+    return space[f"my_{check}"]
+
+
+# Wrong answers, each a mistake a check names with a key's help.
+def step_whole_tensors(f, r, s, n, a, b):
+    return f / r + 2 * (n - 1) * a + 2 * s * b
+
+
+def fits_without_temporaries(rows, budget):
+    fitting = [r for r in rows if r.error is None and sum(r.memory.values()) <= budget]
+    return max(fitting, key=lambda r: r.tokens_per_s).strategy if fitting else None
+
+
+def bubble_at_most(p, batch, target):
+    return next((m for m in range(1, batch + 1) if batch % m == 0 and (p - 1) / (m + p - 1) <= target),
+                None)
+
+
+def _per_op(events):
+    out = {}
+    for e in events:
+        out[e.op] = out.get(e.op, 0.0) + e.duration
+    return out
+
+
+def growth_over_the_recording(tr, n, fit):
+    big, recorded = _per_op(tr.replay(world_size=n, **fit).on(0)), _per_op(tr.on(0))
+    return {op: big[op] - recorded.get(op, 0.0) for op in big}
+
+
+def bubble_of_forwards(events):
+    forwards = [e for e in events if e.op != "backward"]
+    start, end = min(e.start for e in forwards), max(e.end for e in forwards)
+    return 1 - sum(e.end - e.start for e in forwards) / (len({e.rank for e in forwards}) * (end - start))
+
+
+#: (check, notebook, a wrong answer, the check's whole message for it before the keys moved).
+BEFORE = [
+    ("predict_step", "15_at_scale.ipynb", step_whole_tensors,
+     "predict_step(6.2e+09, 1.7e+10, 8.4e+06, 2, 9e-05, 5e-10) is wrong: got 0.3732858823529412.\n"
+     "Hint: the (N-1)/N factor is missing from the bytes: in a ring each rank sends 2(N-1) pieces of "
+     "S/N bytes, not 2 whole tensors."),
+    ("fits_budget", "15_at_scale.ipynb", fits_without_temporaries,
+     "fits_budget(<rows: ddp, zero1, fsdp, tp8+fsdp, pp4+fsdp>, 20 GB) is wrong: got 'zero1'.\n"
+     "Hint: its parameters, gradients, optimizer state and activations fit, but not its peak: "
+     "temporaries (gathered shards, the backward's buffers) come on top; compare row.peak."),
+    ("bubble_microbatches", "15_at_scale.ipynb", bubble_at_most,
+     "bubble_microbatches(4, 540, 0.1) is wrong: got 27.\n"
+     "Hint: that makes the bubble *at most* the target, not under it: at exactly the target keep going."),
+    ("replay_growth", "15_at_scale.ipynb", growth_over_the_recording,
+     "replay_growth(<a 2-rank trace>, 8, alpha=9e-05, beta=5e-10) is wrong: got {'all_reduce': "
+     "-0.002288591999999999, 'wait': 0.0023953919999999927}.\nHint: it compares the replay with the "
+     "recording: the recorded collectives ran on a loaded machine, slower than the fit says, so the "
+     "difference mixes the load with the world size. Replay the trace at its own size too "
+     "(len(tr.ranks)) and compare the two replays."),
+    ("bubble_fraction", "13_build_pipelines.ipynb", bubble_of_forwards,
+     "bubble_fraction of a 1f1b step on 2 stages, 8 micro-batches is wrong: got 0.652173913043478.\n"
+     "Hint: it left out the backwards: a backward (op 'backward') is work too."),
+]
+
+
+@pytest.mark.parametrize("check, notebook, wrong, message", BEFORE, ids=[row[0] for row in BEFORE])
+def test_a_check_with_its_key_passes_the_notebooks_solution_and_says_what_it_said(
+        fresh_lab, capsys, check, notebook, wrong, message):
+    """On the lab's rank 0, as in the notebook: the key is loaded in this process only."""
+    getattr(ddplab.check, check)(_notebook_solution(notebook, check))
+    assert capsys.readouterr().out.startswith(f"Correct: {check}")
+    assert fails(lambda: getattr(ddplab.check, check)(wrong)) == message
