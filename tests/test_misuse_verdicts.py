@@ -5,12 +5,11 @@ and the grader calling a cell that never waited on another rank "a deadlock"."""
 from __future__ import annotations
 
 import pytest
+from conftest import cell_error
 
 import ddplab
 from ddplab.errors import CourseError
 from ddplab.grade.run import reason
-
-from conftest import cell_error
 
 
 def test_a_named_check_given_the_students_function_says_how_to_call_it(fresh_lab):
