@@ -123,6 +123,10 @@ def exercises() -> dict[str, Exercise]:
 
 
 def _exercise(name: str) -> tuple[str, Exercise]:
+    if not isinstance(name, str):
+        raise CourseError(f"ddplab: an exercise is named by a string, e.g. ddplab.hint(\"ping-pong\"), "
+                          f"but got {name!r} ({type(name).__name__}). The name is in the line under "
+                          f"its exercise's text: Stuck? ddplab.hint(\"...\").")
     known = exercises()
     key = spelling(name)
     if key in known:

@@ -63,6 +63,8 @@ def checker(fn: Callable | None = None, *, needs_lab: bool = True, reads_trace: 
         return functools.partial(checker, needs_lab=needs_lab, reads_trace=reads_trace)
     signature = inspect.signature(fn)
     takes_lab = "lab" in signature.parameters
+    answers = [name for name, p in signature.parameters.items()    # what a check cell passes
+               if name != "lab" and p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
 
     @functools.wraps(fn)
     def check(*args: Any, **kwargs: Any) -> Any:
@@ -72,6 +74,14 @@ def checker(fn: Callable | None = None, *, needs_lab: bool = True, reads_trace: 
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         lab = bound.arguments["lab"]
+        if lab is not None and not hasattr(lab, "run_each"):    # a student's function, a number
+            usage = f"ddplab.check.{fn.__name__}({', '.join(answers)})"
+            given = (f"the function {lab.__name__}" if callable(lab) and hasattr(lab, "__name__")
+                     else spell(lab))
+            raise Feedback(f"{usage} was given {given} where it takes the lab (or nothing: the "
+                           f"running one)" + ("; it finds your answer by name on the ranks." if not answers
+                                              else "."),
+                           hint=f"call it as the check cell does: {usage}.")
         if lab is None:
             from ddplab.lab.current_lab import current, current_or_none
             bound.arguments["lab"] = current() if needs_lab else current_or_none()

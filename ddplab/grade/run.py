@@ -73,8 +73,10 @@ def reason(ename: str, evalue: str) -> str:
             return _short(f"rank {blocks[1]} raised {tail[-1] if tail else 'an error'}")
     if ename == "HangError":
         stuck = [line for line in lines[1:] if line.startswith("rank ") and "still" in line]
-        return _short("HangError: a deadlock (ranks waited for each other past the lab's "
-                      "timeout)" + (f"; {stuck[0]}" if stuck else ""))
+        what = ("no rank waited for another: each was still in its own code at the lab's timeout "
+                "(an endless loop, or slow work)" if "no rank is waiting for another" in lines[0]
+                else "a deadlock (ranks waited for each other past the lab's timeout)")
+        return _short(f"HangError: {what}" + (f"; {stuck[0]}" if stuck else ""))
     return _short(f"{ename}: {lines[0]}" if lines else ename)
 
 
