@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -107,7 +109,7 @@ def test_checker_resolves_the_lab_once_and_names_the_fix_without_one(monkeypatch
     with pytest.raises(DdplabError, match="no lab is running. Start one with"):
         needs(1)
     optional(1)
-    given = object()
+    given = types.SimpleNamespace(run_each=None)       # what a lab has (an object without: refused)
     needs(1, given)                       # positional or keyword, the lab given is the lab used
     needs(1, lab=given)
     assert seen == [None, given, given]
