@@ -49,3 +49,17 @@ def _recv_from_the_other():
     import torch
     import torch.distributed as dist
     dist.recv(torch.zeros(1), src=1 - dist.get_rank())
+
+
+def test_a_misspelt_keyword_to_start_names_the_keyword_and_starts_nothing():
+    from ddplab.errors import ConfigError
+    from ddplab.lab import current_lab
+
+    before = current_lab.current_or_none()
+    with pytest.raises(ConfigError) as info:
+        ddplab.start(world_size=2, wrld=3)          # was: TypeError from _start_hosts()
+    said = str(info.value)
+    assert said.startswith("ddplab.start() got an unknown keyword wrld=: did you mean "
+                           "world_size=?"), said
+    assert "_start_hosts" not in said and "listen" in said
+    assert current_lab.current_or_none() is before

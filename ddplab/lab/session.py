@@ -9,6 +9,7 @@ where its ranks are, and the ``%%ranks`` magics are registered.
 
 from __future__ import annotations
 
+import difflib
 import os
 import time
 from typing import Any
@@ -113,6 +114,15 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
         raise ConfigError("ddplab.start() ran on a rank (in a %%ranks/%%rank cell or lab.run): a "
                           "lab is started from the notebook's own cells, not from its ranks. Run "
                           "ddplab.start() in a plain cell; the ranks already are a lab.")
+    unknown = sorted(set(host_options) - set(HOST_OPTIONS))
+    if unknown:
+        # A misspelt keyword (wrld=3) would otherwise reach _start_hosts as a raw TypeError.
+        known = ("world_size", "backend", "timeout", "grace", "pg_timeout", "debug",
+                 "init_method", "start_timeout", "hosts", "engines") + HOST_OPTIONS
+        close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.5)
+        raise ConfigError(f"ddplab.start() got an unknown keyword {unknown[0]}="
+                          + (f": did you mean {close[0]}=?" if close else ".")
+                          + f" It takes: {', '.join(known)}.")
     if hosts is not None or engines is not None or host_options:
         if init_method != "store":
             raise ConfigError(
@@ -134,6 +144,10 @@ def start(world_size: int = 2, backend: str = "auto", timeout: float = 60, *,
     if warning:
         display.say(warning)
     return _adopt(lab)
+
+
+#: The keywords of a lab on several hosts that ``start`` passes on (``**host_options``).
+HOST_OPTIONS = ("listen", "ssh_cmd", "remote_python", "config")
 
 
 def _start_hosts(world_size: int, backend: str = "auto", timeout: float = 60, *,
