@@ -23,6 +23,7 @@ from pathlib import Path
 import nbformat
 
 from ..errors import GradeError
+from .nbval_rules import find_comment_markers
 
 
 @dataclass
@@ -66,7 +67,6 @@ def _nbval_option(cell, option: str, tag: str) -> bool:
     The grader honours what nbval honours: skipped cells do not run, and an
     error in a cell that expects one (``raises-exception``) is the lesson.
     """
-    from nbval.plugin import find_comment_markers
     return bool(dict(find_comment_markers(cell.source)).get(option)) or tag in _tags(cell)
 
 

@@ -2,7 +2,7 @@
 
 An exercise passes when its exercise cell ran without error and its check
 cell ran without error and printed what the reference printed, compared the
-way nbval compares: nbval's own stream coalescing and sanitize-file parser,
+way nbval compares: nbval's own rules for streams and markers (``nbval_rules``),
 ``nbval_sanitize.cfg`` (beside this module) applied to both sides, the fields
 nbval skips skipped. ``score`` turns the ``CellRun``s that ``ddplab.grade.run``
 recorded into one ``Mark`` per exercise.
@@ -23,6 +23,7 @@ import nbformat
 
 from ..errors import GradeError
 from .cells import CellRun, Exercise, describe
+from .nbval_rules import coalesce_streams, find_comment_markers, find_metadata_tags, sanitize_pairs
 
 # Output fields that never match run to run; nbval skips the same ones
 # (plus images, which it compares only with nbdime).
@@ -41,16 +42,10 @@ def require_nbval(command: str) -> None:
                          f"in a checkout, make lab-reference).")
 
 
-# nbval's own reading of a sanitize file (nbval.plugin.get_sanitize_patterns), spelled here so
-# that a student's install, which has no nbval, can still release and copy notebooks: the
-# student copy's digests use these patterns. tests/test_grade.py checks both read it alike.
-_PAIR = re.compile(r"^regex: (.*)$\n^replace: (.*)$", re.MULTILINE)
-
-
 def sanitize_patterns() -> list[tuple[str, str]]:
     """The (regex, replacement) pairs of the sanitize file shipped with ddplab."""
     text = resources.files("ddplab.grade").joinpath("nbval_sanitize.cfg").read_text()
-    return _PAIR.findall(text)
+    return sanitize_pairs(text)
 
 
 def sanitize(value, patterns):
@@ -67,7 +62,6 @@ def comparable(outputs: list, patterns) -> dict[str, list]:
     Unlike nbval, a stream that sanitizes to nothing (a torch warning line on
     stderr) counts as no output at all.
     """
-    from nbval.plugin import coalesce_streams
     flat: dict[str, list] = defaultdict(list)
     for out in coalesce_streams([nbformat.from_dict(copy.deepcopy(o)) for o in outputs]):
         if out.output_type == "stream":
@@ -88,7 +82,6 @@ def comparable(outputs: list, patterns) -> dict[str, list]:
 def values_compared(cell) -> bool:
     """Whether nbval compares this code cell's outputs (not marked ``# NBVAL_IGNORE_OUTPUT`` or
     tagged ``nbval-ignore-output``; a comment wins over a tag, as in nbval)."""
-    from nbval.plugin import find_comment_markers, find_metadata_tags
     options = dict(find_metadata_tags(cell.get("metadata", {})))
     options.update(find_comment_markers(cell.get("source", "")))
     return options.get("check", True)
@@ -106,7 +99,6 @@ def digest(outputs: list, patterns, values: bool = True) -> str:
     ``ddplab release`` keeps a cell's outputs in the student copy only where a
     run of that copy gave the same digest (``ddplab.course.release``).
     """
-    from nbval.plugin import coalesce_streams
     kinds = []
     for out in coalesce_streams([nbformat.from_dict(copy.deepcopy(o)) for o in outputs]):
         if out.output_type == "stream":
