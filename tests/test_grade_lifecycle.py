@@ -49,6 +49,8 @@ def test_each_sandbox_is_reaped_as_its_submission_ends(tmp_path):
         (submitted / who).mkdir()
         (submitted / who / "loud.ipynb").write_text((submitted / "mallory" / "loud.ipynb").read_text())
     begin, seen = time.time(), []
+    # The suite's own labs may be this process's children already; the grader must add none.
+    ours = {p.pid for p in psutil.Process().children()}
 
     def finished(grade) -> None:             # as each submission ends, before the next starts
         seen.append((grade.student, [p.pid for p in _bwrap_zombies(begin)]))
@@ -58,7 +60,7 @@ def test_each_sandbox_is_reaped_as_its_submission_ends(tmp_path):
     assert [(g.student, g.score) for g in grades] == [("mallory", 1), ("peggy", 1), ("trent", 1)]
     assert [zombies for _, zombies in seen] == [[], [], []], seen
     assert _bwrap_zombies(begin) == []
-    assert not psutil.Process().children(), "the grader left a child"
+    assert {p.pid for p in psutil.Process().children()} <= ours, "the grader left a child"
 
 
 def test_a_grader_stopped_by_sigterm_leaves_no_work_folder_no_process_and_no_false_result(tmp_path):

@@ -121,11 +121,12 @@ def test_plain_answers_load_as_data_and_ddplabs_records_by_their_class():
     assert unpickle.load_name("w", ("pickle", cloudpickle.dumps((1, "recv")), "w")) == (1, "recv")
     launch = Launch([["torchrun"]], [0], False, "", {}, {0: {"RANK": "0"}})
     fields = {f: getattr(launch, f) for f in Launch.__dataclass_fields__}
-    got = unpickle.load_name("two_nodes", ("record", "ddplab.launch.Launch",
-                                                 cloudpickle.dumps(fields)))
+    kind = type(launch).__module__ + "." + type(launch).__qualname__    # as witness.ASK names it
+    got = unpickle.load_name("two_nodes", ("record", kind, cloudpickle.dumps(fields)))
     assert got == launch and type(got) is Launch
     for bad in [("record", "ddplab.trace.Trace", cloudpickle.dumps({})),      # not a record
-                ("record", "ddplab.launch.Launch", cloudpickle.dumps({"output_by_rank": 1})),
+                ("record", kind, cloudpickle.dumps({"output_by_rank": 1})),
+                ("record", "ddplab.launch.Launch", cloudpickle.dumps(fields)),     # an old name
                 ("unreadable", "TypeError: cannot pickle '_thread.lock' object"), "nonsense"]:
         with pytest.raises(AssertionError, match="could not read `two_nodes`"):
             unpickle.load_name("two_nodes", bad)

@@ -38,8 +38,14 @@ def sleep_then(seconds: float, value: int) -> int:
 
 
 def report_progress() -> int:
+    import time
+
     from ddplab import progress
     progress.report(1, 1, loss=0.5)
+    # Bars are for a call still running when its first report reaches the kernel: one that has
+    # returned by then has nothing to watch live, and draws none (ddplab.lab.bars). A second of
+    # work keeps this one running past its report, however loaded the machine.
+    time.sleep(1.0)
     return 1
 
 

@@ -123,7 +123,9 @@ class Sealed:
 def _records() -> dict[str, type]:
     """ddplab's records a check cell may be given, by ``module.qualname``: built from their fields."""
     from ..launch import Launch
-    return {"ddplab.launch.Launch": Launch}
+    # Named as the kernel names it (``witness.ASK``: the class's module and qualname), from the
+    # class itself, so that moving it (``launch/job.py``) cannot leave the name behind.
+    return {f"{record.__module__}.{record.__qualname__}": record for record in (Launch,)}
 
 
 def load_name(name: str, answer: Any) -> Any:
