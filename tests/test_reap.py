@@ -15,8 +15,11 @@ import json, os, time, psutil
 from ddplab import procs
 
 procs.become_subreaper()
-# An orphan: the shell starts `true` in the background and exits; `true` is handed to us.
-shell = procs.start(["sh", "-c", "true & echo $!"], stdout=__import__("subprocess").PIPE, text=True)
+# An orphan: the shell starts a child in the background and exits; the child is handed to us. It
+# ends only once the shell is gone (reaped), so it cannot end, and be reaped, while the shell
+# still is its parent (a `true &` that ended first was the shell's to reap, now and then).
+shell = procs.start(["sh", "-c", "(while kill -0 $$ 2>/dev/null; do sleep 0.01; done) & echo $!"],
+                    stdout=__import__("subprocess").PIPE, text=True)
 orphan = int(shell.stdout.readline())
 shell.wait()
 # One of our own, exited and not yet waited for: its Popen must keep its exit status.
