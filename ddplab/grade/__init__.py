@@ -26,7 +26,8 @@ holds it, and docs/contributing.md, to ``STEPS``):
    own attached to them (``ddplab.lab.attached``).
 4. compare, ``compare``: each check cell's outputs against the reference's,
    the way nbval compares (``nbval_sanitize.cfg`` applied to both sides),
-   and the score: one ``Mark`` per exercise.
+   and the score: one ``Mark`` per exercise. ``nbval_rules``: nbval's own
+   rules for reading a notebook, without nbval (a student's install has none).
 5. journal, ``journal``: every finished grade appended as it finishes
    (``--resume``); output paths checked first, files written atomically.
 6. report, ``report``: the table, CSV, JUnit XML and Gradescope's results;
@@ -43,7 +44,7 @@ STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cells", ("cells",)),
     ("run", ("run", "isolation", "sandbox", "unprivileged", "guard")),
     ("witness", ("witness", "unpickle")),
-    ("compare", ("compare",)),
+    ("compare", ("compare", "nbval_rules")),
     ("journal", ("journal",)),
     ("report", ("report", "gradebook")),
 )
